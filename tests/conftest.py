@@ -1,0 +1,32 @@
+"""Shared fixtures: the real PyTorch environment and real data locations."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.fixture(scope="session")
+def torch_python() -> Path:
+    """Python of the real PyTorch environment (built from images/torch pins if needed).
+
+    MATRUN_TEST_TORCH_PYTHON points at an existing interpreter instead (development only).
+    """
+    override = os.environ.get("MATRUN_TEST_TORCH_PYTHON")
+    if override:
+        return Path(override)
+    from matrun.runner.envs import ensure_env
+
+    return ensure_env("torch", "cpu").python
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_root() -> Path:
+    """The data directory that holds fashion-mnist/ (Debian's dataset-fashion-mnist)."""
+    if not (FASHION_MNIST / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip("Debian's dataset-fashion-mnist is not installed (make test installs it)")
+    return FASHION_MNIST.parent
