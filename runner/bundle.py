@@ -1,0 +1,98 @@
+"""Writing result bundles on the host (the format is docs/BUNDLE.md).
+
+Reading and validating bundles is the warehouse's job (``matrun.warehouse.bundles``).
+Everything here writes so that a crash at any point leaves either no file or a whole
+file: JSON files go through a temporary file, fsync and rename; ``result.json`` is written
+last, so its presence is what marks a finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "failed", "timeout", "oom", "cancelled")
+ERROR_TAIL_BYTES = 4096
+
+SPEC = "spec.json"
+EVENTS = "events.jsonl"
+MONITOR = "monitor.jsonl"
+STDOUT = "stdout.log"
+STDERR = "stderr.log"
+RESULT = "result.json"
+
+_RUN_DIR = re.compile(r"^(\d+)-(\d+)$")
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """Where a run lives: ``<results>/<sweep>/<cell_id>/<repeat>-<attempt>/``."""
+
+    sweep: str
+    cell_id: str
+    repeat: int
+    attempt: int
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.cell_id}/{self.repeat}-{self.attempt}"
+
+    def directory(self, results: Path) -> Path:
+        return results / self.sweep / self.cell_id / f"{self.repeat}-{self.attempt}"
+
+
+def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
+    """Write JSON so that readers see the old file, no file, or the whole new file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    data = json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_jsonl(path: Path, header: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) -> None:
+    """Write a JSON-lines file whose first line is the versioned header."""
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"type": "header", "schema_version": SCHEMA_VERSION, **header}) + "\n")
+        for record in records:
+            fh.write(json.dumps(record) + "\n")
+
+
+def next_attempt(results: Path, sweep: str, cell_id: str, repeat: int) -> int:
+    """One more than the highest attempt on disk for this (cell, repeat) in any state."""
+    cell_dir = results / sweep / cell_id
+    highest = 0
+    if cell_dir.is_dir():
+        for entry in cell_dir.iterdir():
+            match = _RUN_DIR.match(entry.name)
+            if match and int(match.group(1)) == repeat:
+                highest = max(highest, int(match.group(2)))
+    return highest + 1
+
+
+def tail_text(path: Path, limit: int = ERROR_TAIL_BYTES) -> str:
+    """The last ``limit`` bytes of a log file, decoded leniently ('' when absent)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - limit))
+            return fh.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
