@@ -1,0 +1,162 @@
+"""Framework environments for the local executor: one virtual environment per variant.
+
+An environment is built from the pinned requirements in
+``images/<framework>/requirements-<variant>.txt`` (the same pins the Docker images use).
+Its identity (``env_id``) hashes those pins, the Python version and the harness protocol,
+so changing any of them gives a new environment and re-runs the cells that used the old one.
+
+Environments live under ``$MATRUN_HOME/envs/<env_id>/`` (default ``~/.cache/matrun``);
+a marker file written after a successful build and import check is what makes one usable,
+so an interrupted build is rebuilt from scratch the next time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from matrun.errors import EnvironmentBuildError, InputError
+
+# Bump when the spec/events contract between host and harness changes incompatibly.
+HARNESS_PROTOCOL = 1
+MARKER = ".matrun-env.json"
+IMPORT_CHECK = {"torch": "import torch; print(torch.__version__)"}
+
+
+def matrun_home() -> Path:
+    return Path(os.environ.get("MATRUN_HOME") or Path.home() / ".cache" / "matrun")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    framework: str
+    variant: str
+    requirements: str
+
+    @property
+    def python_version(self) -> str:
+        return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+    @property
+    def env_id(self) -> str:
+        digest = hashlib.sha256(
+            f"{self.framework}\n{self.variant}\n{self.python_version}\n{HARNESS_PROTOCOL}\n{self.requirements}".encode()
+        ).hexdigest()
+        return f"{self.framework}-{self.variant}-{digest[:12]}"
+
+
+@dataclass(frozen=True)
+class Env:
+    spec: EnvSpec
+    path: Path
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+
+def env_spec(framework: str, variant: str) -> EnvSpec:
+    """The pinned requirements of a framework variant (package data under ``images/``)."""
+    folder = resources.files("matrun.images") / framework
+    req = folder / f"requirements-{variant}.txt"
+    if not req.is_file():
+        known = sorted(
+            p.name[len("requirements-"):-len(".txt")]
+            for p in folder.iterdir() if p.name.startswith("requirements-")
+        ) if folder.is_dir() else []
+        raise InputError(
+            f"no environment {framework}:{variant}: images/{framework}/requirements-{variant}.txt "
+            f"does not exist (known variants: {', '.join(known) or 'none'})")
+    return EnvSpec(framework, variant, req.read_text(encoding="utf-8"))
+
+
+def ensure_env(framework: str, variant: str, *, log=None) -> Env:
+    """Return the environment, building it first if it is missing or half-built."""
+    spec = env_spec(framework, variant)
+    root = matrun_home() / "envs"
+    root.mkdir(parents=True, exist_ok=True)
+    env = Env(spec, root / spec.env_id)
+    if (env.path / MARKER).is_file():
+        return env
+    with open(root / f".{spec.env_id}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another matrun may be building the same env
+        if not (env.path / MARKER).is_file():
+            _build(env, log=log)
+    return env
+
+
+def _build(env: Env, *, log) -> None:
+    if log:
+        log(f"building environment {env.spec.env_id} at {env.path} (once; later sweeps reuse it)")
+    shutil.rmtree(env.path, ignore_errors=True)
+    _run([sys.executable, "-m", "venv", str(env.path)], "create the virtual environment", env)
+    req = env.path / "requirements.txt"
+    req.write_text(env.spec.requirements, encoding="utf-8")
+    _run([str(env.python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+          "-q", "-r", str(req)], "install the pinned requirements", env)
+    check = IMPORT_CHECK.get(env.spec.framework, f"import {env.spec.framework}")
+    version = _run([str(env.python), "-c", check], "import the framework", env).strip()
+    marker = {"env_id": env.spec.env_id, "framework": env.spec.framework, "variant": env.spec.variant,
+              "python": env.spec.python_version, "framework_version": version.splitlines()[-1] if version else ""}
+    (env.path / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+def _run(cmd: list[str], what: str, env: Env) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise EnvironmentBuildError(f"environment {env.spec.env_id}: could not {what} "
+                                    f"(exit {proc.returncode}):\n{tail}")
+    return proc.stdout
+
+
+def list_envs() -> list[dict[str, str]]:
+    """The environments built under $MATRUN_HOME, from their markers."""
+    root = matrun_home() / "envs"
+    found = []
+    for marker in sorted(root.glob(f"*/{MARKER}")) if root.is_dir() else []:
+        try:
+            info = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        found.append({**info, "path": str(marker.parent)})
+    return found
+
+
+def stage_harness() -> Path:
+    """A directory to put on the cell's PYTHONPATH holding only ``matrun.runner.harness``.
+
+    The harness must not see matrun's host dependencies, so it is copied into a tree with
+    import-free ``matrun`` and ``matrun.runner`` packages.  Content-addressed: staged once.
+    """
+    src = resources.files("matrun.runner.harness")
+    files = sorted(p for p in Path(str(src)).rglob("*.py"))
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(str(f.relative_to(Path(str(src)))).encode() + b"\0" + f.read_bytes())
+    stage = matrun_home() / "harness" / digest.hexdigest()[:16]
+    if (stage / "matrun" / "runner" / "harness" / "__main__.py").is_file():
+        return stage
+    tmp = stage.with_name(f"{stage.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    pkg = tmp / "matrun" / "runner"
+    pkg.mkdir(parents=True)
+    (tmp / "matrun" / "__init__.py").write_text('"""Staged for the in-cell harness."""\n')
+    (pkg / "__init__.py").write_text("")
+    for f in files:
+        dest = pkg / "harness" / f.relative_to(Path(str(src)))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest)
+    try:
+        os.replace(tmp, stage)
+    except OSError:  # another process staged it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return stage

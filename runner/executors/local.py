@@ -1,0 +1,164 @@
+"""The local executor: the harness as a subprocess in the framework's virtual environment.
+
+This is the embedded default, used where no Docker engine answers.  Where a cell's
+timeout is enforced: ``_wait`` below kills the cell's whole process group.  The cell gets
+its own session (process group) so it can be killed as a tree, and ``PR_SET_PDEATHSIG`` so
+it dies with the host even on SIGKILL of the sweep (no orphaned training keeps a core busy).
+Matrix values reach the cell only through spec.json and environment variables, never a shell.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from matrun.runner.bundle import EVENTS, MONITOR, SPEC, STDERR, STDOUT, tail_text
+from matrun.runner.envs import ensure_env, env_spec, stage_harness
+from matrun.runner.executors.base import RunOutcome, RunRequest
+from matrun.runner.monitor import Monitor
+from matrun.runner.params import UNSET, cpuset_cpus
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+# Host variables that would change what runs in the cell; the cell gets only what we set.
+_DROP_PREFIXES = ("PYTHON", "VIRTUAL_ENV", "CONDA", "KMP_", "GOMP_", "MKL_", "DNNL_", "ONEDNN_")
+_PR_SET_PDEATHSIG = 1
+_POLL_S = 0.05
+
+
+def cell_environment(params: Mapping[str, Any], pythonpath: Path,
+                     base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment variables the cell starts with (exactly; tested)."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if not k.startswith(_DROP_PREFIXES) and k not in THREAD_VARS}
+    env["PYTHONPATH"] = str(pythonpath)
+    env["PYTHONNOUSERSITE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONHASHSEED"] = str(params["seed"])
+    threads = params["threads"]
+    if threads != UNSET:
+        for var in THREAD_VARS:
+            env[var] = str(threads)
+    return env
+
+
+def harness_command(python: Path, run_dir: Path) -> list[str]:
+    return [str(python), "-m", "matrun.runner.harness", "--spec", str(run_dir / SPEC), "--out", str(run_dir)]
+
+
+def _preexec(cpus: set[int]) -> Callable[[], None]:
+    def setup() -> None:
+        try:  # die with the host, whatever kills it
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:
+            pass
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return setup
+
+
+class LocalExecutor:
+    name = "local"
+
+    def env_id(self, framework: str, variant: str) -> str:
+        return env_spec(framework, variant).env_id
+
+    def prepare(self, envs: set[tuple[str, str]], *, log: Callable[[str], None]) -> None:
+        for framework, variant in sorted(envs):
+            ensure_env(framework, variant, log=log)
+        stage_harness()
+
+    def run(self, request: RunRequest) -> RunOutcome:
+        params = request.params
+        env = ensure_env(params["framework"], params["variant"])
+        run_dir = request.run_dir
+        started = datetime.now(timezone.utc)
+        t0 = time.monotonic()
+        with open(run_dir / STDOUT, "wb") as out, open(run_dir / STDERR, "wb") as err:
+            proc = subprocess.Popen(
+                harness_command(env.python, run_dir),
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=run_dir,
+                env=cell_environment(params, stage_harness()),
+                start_new_session=True, preexec_fn=_preexec(cpuset_cpus(params["cpuset"])),
+            )
+            monitor = Monitor(proc.pid, run_dir / MONITOR).start()
+            try:
+                exit_code, timed_out = _wait(proc, request.timeout)
+            except BaseException:  # Ctrl-C, SIGTERM turned into SystemExit: stop the cell first
+                _kill_group(proc)
+                monitor.stop()
+                raise
+            aggregates = monitor.stop()
+        wall = time.monotonic() - t0
+        status = _status(exit_code, timed_out, run_dir)
+        return RunOutcome(
+            status=status,
+            exit_code=exit_code,
+            error_tail="" if status == "ok" else _error_tail(run_dir, timed_out, request.timeout, exit_code),
+            started_at=started.isoformat(),
+            ended_at=datetime.now(timezone.utc).isoformat(),
+            wall_seconds=round(wall, 3),
+            monitor=aggregates,
+        )
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> tuple[int | None, bool]:
+    deadline = time.monotonic() + timeout
+    while True:
+        code = proc.poll()
+        if code is not None:
+            return code, False
+        if time.monotonic() >= deadline:
+            _kill_group(proc)
+            return proc.returncode, True
+        time.sleep(_POLL_S)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _status(exit_code: int | None, timed_out: bool, run_dir: Path) -> str:
+    if timed_out:
+        return "timeout"
+    if exit_code == 0 and _has_summary(run_dir / EVENTS):
+        return "ok"
+    if "MemoryError" in tail_text(run_dir / STDERR, 2048):
+        return "oom"
+    return "failed"
+
+
+def _has_summary(events: Path) -> bool:
+    try:
+        with open(events, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 65536))
+            data = fh.read()
+        return b'"type": "summary"' in data or b'"type":"summary"' in data
+    except FileNotFoundError:
+        return False
+
+
+def _error_tail(run_dir: Path, timed_out: bool, timeout: float, exit_code: int | None) -> str:
+    tail = tail_text(run_dir / STDERR)
+    if timed_out:
+        note = f"killed after the cell's timeout of {timeout:g} s"
+    elif exit_code is not None and exit_code < 0:
+        name = signal.Signals(-exit_code).name if -exit_code in signal.valid_signals() else str(-exit_code)
+        note = f"killed by {name}" + (" (possibly the kernel's OOM killer)" if exit_code == -signal.SIGKILL else "")
+    elif exit_code == 0:
+        note = "the harness exited 0 without writing a summary"
+    else:
+        note = f"exit code {exit_code}"
+    return f"{tail}\n[matrun] {note}".lstrip("\n")

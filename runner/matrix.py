@@ -1,0 +1,336 @@
+"""matrix.toml → validated ``Matrix`` → frozen cells.  Pure: reading the file is the only I/O.
+
+The format is documented in docs/MATRIX.md.  Every error names the file and a key path,
+``matrix.toml: [axes -> batch_size -> 2] expected a positive integer, got "big"``, and all
+errors found are reported together.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping
+
+from matrun.errors import MatrixError
+from matrun.runner.params import PARAMS, ParamError, show
+
+SECTIONS = ("sweep", "fixed", "axes", "zip", "include", "exclude")
+EXECUTORS = ("auto", "local")
+DEFAULT_MAX_CELLS = 10_000
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    name: str = "default"
+    results: Path = Path("results")
+    warehouse: Path = Path("matrun.duckdb")
+    data_dir: Path | None = None
+    repeats: int = 1
+    timeout: float = 1800.0
+    executor: str = "auto"
+    max_cells: int = DEFAULT_MAX_CELLS
+
+
+@dataclass(frozen=True)
+class CellParams:
+    """One resolved combination: every parameter with its canonical value."""
+
+    values: Mapping[str, Any]
+    varying: tuple[str, ...] = ()  # keys that differ between the matrix's cells
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """The parameters that define what is measured (execution settings left out)."""
+        return {k: v for k, v in self.values.items() if PARAMS[k].identity}
+
+    @property
+    def label(self) -> str:
+        keys = self.varying or ("framework", "model", "dataset")
+        return " ".join(f"{k}={_plain(self.values[k])}" for k in keys)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    sweep: SweepSettings
+    cells: tuple[CellParams, ...] = field(default_factory=tuple)
+
+
+class _Errors:
+    def __init__(self, path: Path) -> None:
+        self.file = path.name
+        self.items: list[str] = []
+
+    def add(self, where: tuple[Any, ...], message: str) -> None:
+        key = " -> ".join(str(p) for p in where)
+        self.items.append(f"{self.file}: [{key}] {message}")
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise MatrixError("\n".join(self.items))
+
+
+def load_matrix(path: Path) -> Matrix:
+    """Read, validate and expand a matrix file.  Raises ``MatrixError`` on any problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MatrixError(f"{path}: no such matrix file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MatrixError(f"{path}: cannot read: {exc}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise MatrixError(f"{path.name}: invalid TOML: {exc}") from None
+    return parse_matrix(doc, path=path)
+
+
+def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:
+    errors = _Errors(path)
+    for key in doc:
+        if key not in SECTIONS:
+            errors.add((key,), f"unknown section; expected one of {', '.join(SECTIONS)}")
+    sweep = _parse_sweep(doc.get("sweep", {}), errors, base=path.parent)
+    fixed = _parse_fixed(doc.get("fixed", {}), errors)
+    axes = _parse_axes(doc.get("axes", {}), errors)
+    zips = _parse_zips(doc.get("zip", []), errors)
+    includes = _parse_rows(doc.get("include", []), "include", errors, lists=False)
+    excludes = _parse_rows(doc.get("exclude", []), "exclude", errors, lists=True)
+    _check_overlaps(fixed, axes, zips, errors)
+    errors.raise_if_any()
+
+    dims: list[list[dict[str, Any]]] = [[{k: v} for v in vals] for k, vals in axes.items()]
+    dims += [[{k: vals[i] for k, vals in group.items()} for i in range(_zip_len(group))] for group in zips]
+    size = math.prod(len(d) for d in dims)
+    if size > sweep.max_cells:
+        raise MatrixError(
+            f"{path.name}: [axes] the matrix expands to {size:,} cells, over the limit of "
+            f"{sweep.max_cells:,}; narrow the axes or raise [sweep] max_cells")
+
+    combos: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    for picks in itertools.product(*dims):
+        combo: dict[str, Any] = {}
+        for pick in picks:
+            combo.update(pick)
+        if not any(_matches(combo, rule, fixed) for rule in excludes):
+            combos.append((("axes",), combo))
+    combos += [(("include", n), row) for n, row in enumerate(includes)]
+    if not combos:
+        raise MatrixError(f"{path.name}: [exclude] every combination is excluded: the matrix expands to no cells")
+
+    resolved: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for where, combo in combos:
+        values = {name: p.default for name, p in PARAMS.items()}
+        values["timeout"] = sweep.timeout
+        values.update(fixed)
+        values.update(combo)
+        try:
+            values = canonical(values)
+        except ParamError as exc:
+            errors.add(where, f"{_describe(combo)}: {exc}")
+            continue
+        key = repr(sorted(values.items()))
+        if key not in seen:  # an include may repeat a product cell: keep one
+            seen.add(key)
+            resolved.append(values)
+    errors.raise_if_any()
+
+    varying = tuple(k for k in PARAMS if len({_plain(r[k]) for r in resolved}) > 1)
+    cells = tuple(CellParams(MappingProxyType(r), varying) for r in resolved)
+    return Matrix(path=path, sweep=sweep, cells=cells)
+
+
+def canonical(values: dict[str, Any]) -> dict[str, Any]:
+    """Drop what a cell does not use, so that identity ignores meaningless differences."""
+    out = dict(values)
+    if out["iterations"] > 0:
+        out["epochs"] = None
+    if out["optimizer"] != "sgd":
+        out["momentum"] = None
+    if out["dataset"] != "synthetic":
+        for key in ("synthetic_shape", "synthetic_classes", "synthetic_train", "synthetic_test"):
+            out[key] = None
+    if out["warmup_steps"] >= _steps_upper_bound(out):
+        raise ParamError(f"warmup_steps = {out['warmup_steps']} leaves no timed steps")
+    return out
+
+
+def _steps_upper_bound(v: Mapping[str, Any]) -> float:
+    if v["iterations"] > 0:
+        return v["iterations"]
+    return math.inf  # dataset size is not known while planning; the harness records it
+
+
+def _parse_sweep(raw: Any, errors: _Errors, *, base: Path) -> SweepSettings:
+    if not isinstance(raw, dict):
+        errors.add(("sweep",), f"expected a table, got {show(raw)}")
+        return SweepSettings()
+    kw: dict[str, Any] = {}
+    for key, value in raw.items():
+        where = ("sweep", key)
+        if key == "name":
+            if not isinstance(value, str) or not _NAME.match(value):
+                errors.add(where, "expected a name of letters, digits, '.', '_' or '-' (at most 64, "
+                                  f"not starting with '.' or '-'), got {show(value)}")
+            else:
+                kw["name"] = value
+        elif key in ("results", "warehouse", "data_dir"):
+            if not isinstance(value, str) or not value.strip() or "\x00" in value:
+                errors.add(where, f"expected a path, got {show(value)}")
+            else:
+                p = Path(value).expanduser()
+                kw[key] = p if p.is_absolute() else base / p
+        elif key == "repeats":
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+                errors.add(where, f"expected a repeat count from 1 to 1000, got {show(value)}")
+            else:
+                kw["repeats"] = value
+        elif key == "timeout":
+            try:
+                kw["timeout"] = PARAMS["timeout"].check(value)
+            except ParamError as exc:
+                errors.add(where, str(exc))
+        elif key == "executor":
+            if value not in EXECUTORS:
+                errors.add(where, f"expected one of {', '.join(EXECUTORS)}, got {show(value)}")
+            else:
+                kw["executor"] = value
+        elif key == "max_cells":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                errors.add(where, f"expected a positive integer, got {show(value)}")
+            else:
+                kw["max_cells"] = value
+        else:
+            errors.add(where, "unknown key; expected one of name, results, warehouse, data_dir, "
+                              "repeats, timeout, executor, max_cells")
+    kw.setdefault("results", base / "results")
+    kw.setdefault("warehouse", base / "matrun.duckdb")
+    return SweepSettings(**kw)
+
+
+def _check_value(where: tuple[Any, ...], key: str, value: Any, errors: _Errors) -> Any:
+    param = PARAMS.get(key)
+    if param is None:
+        errors.add(where, f"unknown parameter; known: {', '.join(PARAMS)}")
+        return None
+    try:
+        return param.check(value)
+    except ParamError as exc:
+        errors.add(where, str(exc))
+        return None
+
+
+def _parse_fixed(raw: Any, errors: _Errors) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        errors.add(("fixed",), f"expected a table of parameter = value, got {show(raw)}")
+        return {}
+    return {k: _check_value(("fixed", k), k, v, errors) for k, v in raw.items()}
+
+
+def _parse_list(where: tuple[Any, ...], key: str, values: Any, errors: _Errors) -> list[Any]:
+    if not isinstance(values, list):
+        errors.add(where, f"expected a list of values, got {show(values)}")
+        return []
+    if not values:
+        errors.add(where, "is empty: an axis needs at least one value")
+        return []
+    if key not in PARAMS:
+        errors.add(where, f"unknown parameter; known: {', '.join(PARAMS)}")
+        return []
+    checked = [_check_value((*where, i), key, v, errors) for i, v in enumerate(values)]
+    if len({repr(v) for v in checked}) != len(checked):
+        errors.add(where, "lists the same value twice")
+    return checked
+
+
+def _parse_axes(raw: Any, errors: _Errors) -> dict[str, list[Any]]:
+    if not isinstance(raw, dict):
+        errors.add(("axes",), f"expected a table of parameter = [values], got {show(raw)}")
+        return {}
+    return {k: _parse_list(("axes", k), k, v, errors) for k, v in raw.items()}
+
+
+def _parse_zips(raw: Any, errors: _Errors) -> list[dict[str, list[Any]]]:
+    if not isinstance(raw, list):
+        errors.add(("zip",), "expected [[zip]] tables of parameter = [values] of equal length")
+        return []
+    groups = []
+    for n, group in enumerate(raw):
+        if not isinstance(group, dict) or not group:
+            errors.add(("zip", n), "expected a table of parameter = [values] of equal length")
+            continue
+        parsed = {k: _parse_list(("zip", n, k), k, v, errors) for k, v in group.items()}
+        lengths = {k: len(v) for k, v in parsed.items()}
+        if len(set(lengths.values())) > 1:
+            listed = ", ".join(f"{k} has {n_}" for k, n_ in lengths.items())
+            errors.add(("zip", n), f"zipped lists must have the same length: {listed}")
+        groups.append(parsed)
+    return groups
+
+
+def _parse_rows(raw: Any, section: str, errors: _Errors, *, lists: bool) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        errors.add((section,), f"expected [[{section}]] tables")
+        return []
+    rows = []
+    for n, row in enumerate(raw):
+        if not isinstance(row, dict) or not row:
+            errors.add((section, n), "expected a non-empty table of parameter = value")
+            continue
+        parsed: dict[str, Any] = {}
+        for k, v in row.items():
+            if lists and isinstance(v, list) and k != "synthetic_shape":
+                parsed[k] = tuple(_check_value((section, n, k, i), k, x, errors) for i, x in enumerate(v))
+            else:
+                parsed[k] = _check_value((section, n, k), k, v, errors)
+        rows.append(parsed)
+    return rows
+
+
+def _check_overlaps(fixed: dict[str, Any], axes: dict[str, list[Any]],
+                    zips: list[dict[str, list[Any]]], errors: _Errors) -> None:
+    owners: dict[str, tuple[Any, ...]] = {k: ("fixed", k) for k in fixed}
+    for k in axes:
+        if k in owners:
+            errors.add(("axes", k), f"is also set in [{' -> '.join(map(str, owners[k]))}]; set it in one place")
+        owners[k] = ("axes", k)
+    for n, group in enumerate(zips):
+        for k in group:
+            if k in owners:
+                errors.add(("zip", n, k), f"is also set in [{' -> '.join(map(str, owners[k]))}]; set it in one place")
+            owners[k] = ("zip", n, k)
+
+
+def _zip_len(group: dict[str, list[Any]]) -> int:
+    return min((len(v) for v in group.values()), default=0)
+
+
+def _matches(combo: dict[str, Any], rule: dict[str, Any], fixed: dict[str, Any]) -> bool:
+    for key, wanted in rule.items():
+        have = combo.get(key, fixed.get(key, PARAMS[key].default))
+        options = wanted if isinstance(wanted, tuple) else (wanted,)
+        if have not in options:
+            return False
+    return True
+
+
+def _describe(combo: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{k} = {show(v)}" for k, v in combo.items()) + "}"
+
+
+def _plain(value: Any) -> str:
+    return str(value) if not isinstance(value, list) else "x".join(map(str, value))
+
+
+def iter_runs(cells: tuple[CellParams, ...], repeats: int) -> Iterator[tuple[CellParams, int]]:
+    """Cells in order, each repeat after the other (repeat-major keeps the sweep fair)."""
+    for repeat in range(repeats):
+        for cell in cells:
+            yield cell, repeat

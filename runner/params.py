@@ -1,0 +1,163 @@
+"""The cell parameters: every key a matrix may set, its type, its default and its check.
+
+Each check takes a raw TOML value and returns the canonical value or raises ``ParamError``
+with the words that follow the key path in the user's message, e.g.
+``expected a positive integer, got "big"``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+FRAMEWORKS = ("torch",)
+MODELS = ("lenet5",)
+DATASETS = ("fashion-mnist", "mnist", "synthetic")
+OPTIMIZERS = ("sgd", "adam")
+DEVICES = ("cpu",)
+MODES = ("train",)
+UNSET = "unset"
+
+MAX_THREADS = 1024
+_CPUSET = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+_VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}$")
+
+
+class ParamError(ValueError):
+    """A value failed its check; the message is the part after the key path."""
+
+
+def show(value: Any) -> str:
+    """A value as the user wrote it, for messages (strings quoted, long ones cut)."""
+    text = f'"{value}"' if isinstance(value, str) else repr(value)
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int(minimum: int, maximum: int | None = None, what: str = "") -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamError(f"expected {what or _describe_int(minimum)}, got {show(value)}")
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f" at most {maximum:,}" if maximum is not None else ""
+            raise ParamError(f"expected {what or _describe_int(minimum)}{bound}, got {show(value)}")
+        return value
+
+    return check
+
+
+def _describe_int(minimum: int) -> str:
+    return {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
+
+
+def _float(minimum: float, maximum: float | None, *, open_min: bool, what: str) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ParamError(f"expected {what}, got {show(value)}")
+        v = float(value)
+        too_low = v <= minimum if open_min else v < minimum
+        too_high = maximum is not None and v >= maximum
+        if too_low or too_high or v != v or v in (float("inf"), float("-inf")):
+            raise ParamError(f"expected {what}, got {show(value)}")
+        return v
+
+    return check
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or value not in options:
+            listed = ", ".join(f'"{o}"' for o in options)
+            raise ParamError(f"expected one of {listed}, got {show(value)}")
+        return value
+
+    return check
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ParamError(f"expected true or false, got {show(value)}")
+    return value
+
+
+def _threads(value: Any) -> int | str:
+    if value == UNSET:
+        return UNSET
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
+        raise ParamError(f'expected a thread count from 1 to {MAX_THREADS} or "unset", got {show(value)}')
+    return value
+
+
+def _cpuset(value: Any) -> str:
+    if not isinstance(value, str) or (value and not _CPUSET.match(value)):
+        raise ParamError(f'expected a CPU list such as "0-3,6" (or "" for no pinning), got {show(value)}')
+    for part in filter(None, value.split(",")):
+        lo, _, hi = part.partition("-")
+        if hi and int(hi) < int(lo):
+            raise ParamError(f'CPU range "{part}" runs backwards')
+    return value
+
+
+def _variant(value: Any) -> str:
+    if not isinstance(value, str) or not _VARIANT.match(value):
+        raise ParamError(f"expected a variant name of lower-case letters, digits, '.', '_' or '-', got {show(value)}")
+    return value
+
+
+def _shape(value: Any) -> list[int]:
+    if (not isinstance(value, list) or len(value) != 3
+            or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096 for v in value)):
+        raise ParamError(f"expected [channels, height, width], three integers from 1 to 4096, got {show(value)}")
+    return list(value)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    check: Callable[[Any], Any]
+    default: Any
+    help: str
+    identity: bool = True  # False: an execution setting that does not change what is measured
+
+
+PARAMS: dict[str, Param] = {p.name: p for p in (
+    Param("framework", _choice(FRAMEWORKS), "torch", "framework adapter"),
+    Param("variant", _variant, "cpu", "environment variant of the framework (images/<framework>/requirements-<variant>.txt)"),
+    Param("device", _choice(DEVICES), "cpu", "device the cell trains on"),
+    Param("mode", _choice(MODES), "train", "what the cell does"),
+    Param("model", _choice(MODELS), "lenet5", "network"),
+    Param("dataset", _choice(DATASETS), "fashion-mnist", "dataset"),
+    Param("synthetic_shape", _shape, [1, 28, 28], "[C, H, W] of synthetic samples"),
+    Param("synthetic_classes", _int(2, 100_000), 10, "classes of synthetic data"),
+    Param("synthetic_train", _int(1, 10_000_000), 2048, "synthetic training samples"),
+    Param("synthetic_test", _int(1, 10_000_000), 512, "synthetic test samples"),
+    Param("train_limit", _int(0), 0, "use only the first N training samples (0: all)"),
+    Param("test_limit", _int(0), 0, "use only the first N test samples (0: all)"),
+    Param("epochs", _int(1, 100_000), 1, "training epochs (ignored when iterations > 0)"),
+    Param("iterations", _int(0, 100_000_000), 0, "train for exactly N optimizer steps (0: use epochs)"),
+    Param("batch_size", _int(1, 1_048_576), 64, "training batch size"),
+    Param("eval_batch_size", _int(1, 1_048_576), 1000, "evaluation batch size"),
+    Param("optimizer", _choice(OPTIMIZERS), "sgd", "optimizer"),
+    Param("lr", _float(0.0, None, open_min=True, what="a positive learning rate"), 0.01, "learning rate"),
+    Param("momentum", _float(0.0, 1.0, open_min=False, what="a momentum in [0, 1)"), 0.9, "SGD momentum"),
+    Param("weight_decay", _float(0.0, None, open_min=False, what="a non-negative weight decay"), 0.0, "weight decay"),
+    Param("warmup_steps", _int(0, 1_000_000), 5, "first steps recorded apart and excluded from throughput"),
+    Param("threads", _threads, UNSET, 'intra-op threads (framework switch and OMP/MKL/OpenBLAS variables), or "unset"'),
+    Param("interop_threads", _threads, UNSET, 'inter-op threads, or "unset"'),
+    Param("cpuset", _cpuset, "", 'CPUs the cell is pinned to, e.g. "0-1" ("" : no pinning)'),
+    Param("onednn", _bool, True, "oneDNN (MKL-DNN) primitives on or off"),
+    Param("seed", _int(0, 2**31 - 1), 0, "random seed"),
+    Param("timeout", _float(0.0, None, open_min=True, what="a positive number of seconds"), 1800.0,
+          "seconds before the cell is killed and recorded as timeout", identity=False),
+)}
+
+
+def cpuset_cpus(cpuset: str) -> set[int]:
+    """The CPU ids of a validated cpuset string ("" is the empty set)."""
+    cpus: set[int] = set()
+    for part in filter(None, cpuset.split(",")):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
