@@ -1,0 +1,255 @@
+"""The ``matrun`` command line.  Thin: each command parses flags and calls a library function.
+
+Errors from the library (``MatrunError``) are printed here, once, as ``Error: …`` with exit
+code 2 for bad input and 1 for failures.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from matrun.errors import InputError, MatrunError
+
+app = typer.Typer(
+    name="matrun",
+    help="Run deep-learning benchmark matrices, keep every run in DuckDB, report with SQL and Plotly.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+MatrixArg = Annotated[Path, typer.Argument(help="The matrix file.", show_default=True)]
+WhereOpt = Annotated[list[str], typer.Option(
+    "--where", "-w", help="Only cells whose parameter has one of these values: KEY=V[,V…] "
+    "(repeatable; KEY may be 'cell' for a cell-id prefix).")]
+WarehouseOpt = Annotated[Optional[Path], typer.Option(
+    "--warehouse", help="DuckDB file (default: the one matrix.toml names, else ./matrun.duckdb).")]
+
+
+def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except MatrunError as exc:
+            err.print(f"Error: {exc}", markup=False, highlight=False)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+def _warehouse(explicit: Path | None) -> Path:
+    if explicit is not None:
+        return explicit
+    default_matrix = Path("matrix.toml")
+    if default_matrix.is_file():
+        from matrun.runner.matrix import load_matrix
+
+        return load_matrix(default_matrix).sweep.warehouse
+    return Path("matrun.duckdb")
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    value = int(round(value))
+    return f"{value // 3600}h{value % 3600 // 60:02d}m" if value >= 3600 else f"{value // 60}m{value % 60:02d}s"
+
+
+@app.command()
+@_errors
+def plan(
+    matrix: MatrixArg = Path("matrix.toml"),
+    where: WhereOpt = [],
+) -> None:
+    """Show the cells of a matrix: parameters that vary, id, repeats done, time estimate."""
+    from matrun.runner.overview import plan_rows
+
+    rows, footer = plan_rows(matrix_path=matrix, where=where)
+    table = Table(title=f"{matrix}: {footer['cells']} cells × {footer['repeats']} repeats", show_lines=False)
+    for col in ("cell", *footer["varying"], "env", "done", "estimate"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["cell_id"], *[str(row[k]) for k in footer["varying"]], row["env_id"],
+                      f"{row['done']}/{footer['repeats']}", _seconds(row["estimate_s"]))
+    out.print(table)
+    out.print(f"{footer['runs']} runs: {footer['done']} done, {footer['todo']} to run; "
+              f"estimated time for the rest: {_seconds(footer['estimate_s']) if footer['estimate_s'] else 'unknown (no earlier runs)'}")
+
+
+@app.command()
+@_errors
+def sweep(
+    matrix: MatrixArg = Path("matrix.toml"),
+    where: WhereOpt = [],
+    force: Annotated[bool, typer.Option("--force", help="Run again even the cells that already have an ok run.")] = False,
+    executor: Annotated[Optional[str], typer.Option(help="auto or local (default: the matrix's [sweep] executor).")] = None,
+) -> None:
+    """Run every cell that has no successful run yet, ingest each run as it ends."""
+    from matrun.runner.sweep import run_sweep
+
+    signal.signal(signal.SIGTERM, _sigterm)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err,
+                        disable=not err.is_terminal)
+    task = None
+
+    def on_event(event: Any) -> None:
+        nonlocal task
+        if event.kind == "message":
+            err.print(event.text, markup=False, highlight=False)
+        elif event.kind == "plan":
+            note = f" (estimated {_seconds(event.estimate_s)})" if event.estimate_s else ""
+            err.print(f"{event.text}{note}", markup=False, highlight=False)
+            task = progress.add_task("sweep", total=event.total)
+            progress.start()
+        elif event.kind == "run-start":
+            progress.update(task, description=f"{event.cell.cell.label} #{event.repeat}")
+        elif event.kind == "run-end":
+            o = event.outcome
+            progress.advance(task)
+            line = f"{o.status:>9}  {event.cell.cell_id}  repeat {event.repeat}  {o.wall_seconds:7.1f}s  {event.cell.cell.label}"
+            progress.console.print(line, markup=False, highlight=False)
+
+    try:
+        summary = run_sweep(matrix_path=matrix, where=where, force=force, executor=executor, on_event=on_event)
+    finally:
+        progress.stop()
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.by_status.items())) or "nothing to run"
+    out.print(f"sweep {summary.sweep}: {summary.ran} runs ({counts}); {summary.skipped_done} already done")
+    for line in summary.not_ingested:
+        err.print(f"warning: not ingested: {line} (the bundle is on disk; run `matrun ingest`)", markup=False)
+    if summary.by_status.get("ok", 0) < summary.ran:
+        raise typer.Exit(1)
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # stop the running cell, record it as cancelled, keep the rest
+
+
+@app.command()
+@_errors
+def status(matrix: MatrixArg = Path("matrix.toml")) -> None:
+    """Show, per cell of the matrix, how many repeats are done and how the last run ended."""
+    from matrun.runner.overview import status_rows
+
+    rows, counts = status_rows(matrix_path=matrix)
+    table = Table(title=f"{matrix}: sweep {counts['sweep']}")
+    for col in ("cell", "label", "ok repeats", "last status", "attempts"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["cell_id"], r["label"], f"{r['ok']}/{counts['repeats']}", r["last_status"], str(r["attempts"]))
+    out.print(table)
+    out.print(", ".join(f"{k}: {v}" for k, v in counts.items() if k not in ("sweep",)))
+
+
+@app.command()
+@_errors
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Result directories or bundles to load.")],
+    warehouse: WarehouseOpt = None,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for another writer to finish.")] = 0.0,
+) -> None:
+    """Load result bundles from disk into the warehouse (idempotent)."""
+    from matrun.warehouse.ingest import ingest as do_ingest
+
+    for p in paths:
+        if not p.exists():
+            raise InputError(f"{p}: no such file or directory")
+    report = do_ingest(paths, warehouse=_warehouse(warehouse), wait_s=wait)
+    out.print(report.summary(), markup=False, highlight=False)
+    for path, reason in report.skipped:
+        err.print(f"skipped {path}: {reason}", markup=False, highlight=False)
+    for path in report.incomplete:
+        err.print(f"incomplete (no result.json yet): {path}", markup=False, highlight=False)
+
+
+@app.command()
+@_errors
+def query(
+    sql: Annotated[str, typer.Argument(help="One SQL statement, read-only (e.g. \"SELECT * FROM baseline\").")],
+    warehouse: WarehouseOpt = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
+) -> None:
+    """Run SQL over the warehouse (read-only) and print the result."""
+    from matrun.warehouse.query import run_query
+
+    if fmt not in ("table", "csv", "json"):
+        raise InputError(f"--format {fmt!r}: expected table, csv or json")
+    columns, rows = run_query(sql, warehouse=_warehouse(warehouse))
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        writer.writerow(columns)
+        writer.writerows(rows)
+        sys.stdout.write(buf.getvalue())
+    elif fmt == "json":
+        sys.stdout.write(json.dumps([dict(zip(columns, r)) for r in rows], default=str, indent=2) + "\n")
+    else:
+        table = Table()
+        for c in columns:
+            table.add_column(str(c), overflow="fold")
+        for r in rows:
+            table.add_row(*["NULL" if v is None else str(v) for v in r])
+        out.print(table)
+        out.print(f"{len(rows)} rows")
+
+
+@app.command()
+@_errors
+def report(
+    warehouse: WarehouseOpt = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the static site into.")] = Path("report"),
+    run: Annotated[Optional[str], typer.Option(help="Run id whose CPU and memory time series to show.")] = None,
+    sweep_name: Annotated[Optional[str], typer.Option("--sweep", help="Only this sweep.")] = None,
+) -> None:
+    """Write the static HTML report (works from file://) and print where it is."""
+    from matrun.reports.build import build_report
+
+    index = build_report(warehouse=_warehouse(warehouse), out_dir=out_dir, run_id=run, sweep=sweep_name)
+    out.print(f"report: {index.resolve()}")
+
+
+@app.command()
+@_errors
+def envs(
+    matrix: MatrixArg = Path("matrix.toml"),
+    build: Annotated[bool, typer.Option("--build", help="Build the environments the matrix needs.")] = False,
+) -> None:
+    """List the framework environments built here; --build prepares those the matrix needs."""
+    from matrun.runner.envs import ensure_env, list_envs
+    from matrun.runner.matrix import load_matrix
+
+    if build:
+        m = load_matrix(matrix)
+        for fw, variant in sorted({(c.values["framework"], c.values["variant"]) for c in m.cells}):
+            env = ensure_env(fw, variant, log=lambda t: err.print(t, markup=False))
+            out.print(f"{env.spec.env_id}: {env.path}")
+    table = Table(title="environments")
+    for col in ("env id", "framework", "variant", "version", "python", "path"):
+        table.add_column(col)
+    for e in list_envs():
+        table.add_row(e["env_id"], e["framework"], e["variant"], e.get("framework_version", ""), e["python"], e["path"])
+    out.print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
