@@ -1,0 +1,30 @@
+# The two set-up commands of the README:
+#   make demo   installs matrun, prepares PyTorch and real Fashion-MNIST, runs the default
+#               study (matrix.toml) and writes the HTML report.
+#   make test   installs matrun with its test dependencies and runs the test suite.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test install data clean
+
+install:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -q '.[test]'
+
+data:
+	test -f $(FASHION) || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq dataset-fashion-mnist; }
+
+demo: install data
+	$(BIN)/matrun envs --build matrix.toml
+	$(BIN)/matrun sweep matrix.toml
+	$(BIN)/matrun report --out report
+
+test: install data
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) build results report matrun.duckdb matrun.duckdb.wal
