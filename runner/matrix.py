@@ -134,7 +134,10 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:
         try:
             values = canonical(values)
         except ParamError as exc:
-            errors.add(where, f"{_describe(combo)}: {exc}")
+            if combo:
+                errors.add(where, f"{_describe(combo)}: {exc}")
+            else:
+                errors.add(("fixed",), str(exc))
             continue
         key = repr(sorted(values.items()))
         if key not in seen:  # an include may repeat a product cell: keep one

@@ -1,0 +1,230 @@
+"""matrix.toml: expansion, include / exclude, zip, identity, and malformed or hostile files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from matrun.errors import MatrixError
+from matrun.runner.matrix import load_matrix
+from matrun.runner.plan import cell_id, parse_where, plan_cells, select
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "matrix.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def labels(path: Path) -> list[dict]:
+    return [{k: c.values[k] for k in ("threads", "batch_size", "lr")} for c in load_matrix(path).cells]
+
+
+def test_cartesian_product_in_order(tmp_path):
+    m = load_matrix(write(tmp_path, "[axes]\nthreads = [1, 2]\nbatch_size = [64, 128, 256]\n"))
+    assert [(c.values["threads"], c.values["batch_size"]) for c in m.cells] == [
+        (1, 64), (1, 128), (1, 256), (2, 64), (2, 128), (2, 256)]
+    assert m.cells[0].varying == ("batch_size", "threads")
+    assert m.cells[0].label == "batch_size=64 threads=1"
+
+
+def test_defaults_sweep_settings_and_paths_relative_to_file(tmp_path):
+    m = load_matrix(write(tmp_path, '[sweep]\nname = "s1"\nrepeats = 3\ntimeout = 90\n'))
+    assert m.sweep.name == "s1" and m.sweep.repeats == 3 and m.sweep.timeout == 90.0
+    assert m.sweep.results == tmp_path / "results"
+    assert m.sweep.warehouse == tmp_path / "matrun.duckdb"
+    (cell,) = m.cells
+    assert cell.values["timeout"] == 90.0
+    assert cell.values["threads"] == "unset" and cell.values["model"] == "lenet5"
+
+
+def test_fixed_values_apply_to_every_cell(tmp_path):
+    m = load_matrix(write(tmp_path, '[fixed]\nepochs = 3\noptimizer = "adam"\n[axes]\nthreads = [1, 2]\n'))
+    assert {c.values["epochs"] for c in m.cells} == {3}
+    assert {c.values["momentum"] for c in m.cells} == {None}  # adam has no momentum: canonicalised away
+
+
+def test_zip_moves_values_together(tmp_path):
+    path = write(tmp_path, "[axes]\nthreads = [1, 2]\n[[zip]]\nbatch_size = [64, 512]\nlr = [0.01, 0.05]\n")
+    assert labels(path) == [
+        {"threads": 1, "batch_size": 64, "lr": 0.01}, {"threads": 1, "batch_size": 512, "lr": 0.05},
+        {"threads": 2, "batch_size": 64, "lr": 0.01}, {"threads": 2, "batch_size": 512, "lr": 0.05}]
+
+
+def test_exclude_and_include(tmp_path):
+    path = write(tmp_path, """
+[axes]
+threads = [1, 2]
+batch_size = [64, 512]
+[[exclude]]
+threads = 1
+batch_size = [512]
+[[include]]
+threads = 2
+batch_size = 1024
+lr = 0.1
+[[include]]
+threads = 2
+batch_size = 64
+""")
+    assert labels(path) == [
+        {"threads": 1, "batch_size": 64, "lr": 0.01},
+        {"threads": 2, "batch_size": 64, "lr": 0.01},
+        {"threads": 2, "batch_size": 512, "lr": 0.01},
+        {"threads": 2, "batch_size": 1024, "lr": 0.1},
+    ]  # the second include repeats an existing cell and is kept once
+
+
+def test_iterations_make_epochs_irrelevant_to_identity(tmp_path):
+    a = load_matrix(write(tmp_path, "[fixed]\niterations = 50\nepochs = 1\n")).cells[0]
+    b = load_matrix(write(tmp_path, "[fixed]\niterations = 50\nepochs = 7\n")).cells[0]
+    assert a.values["epochs"] is None
+    assert cell_id(a.identity, "env") == cell_id(b.identity, "env")
+
+
+def test_identity_is_stable_and_sensitive(tmp_path):
+    one = load_matrix(write(tmp_path, "[axes]\nthreads = [1, 2]\n")).cells
+    again = load_matrix(write(tmp_path, "# comment\n[axes]\nthreads = [1, 2]\n[sweep]\ntimeout = 5\n")).cells
+    ids = [cell_id(c.identity, "torch-cpu-aaaa") for c in one]
+    # Same parameters → same ids, whatever the file's layout, and the timeout is not identity.
+    assert ids == [cell_id(c.identity, "torch-cpu-aaaa") for c in again]
+    assert len(set(ids)) == 2
+    # A golden value: changing the canonical form would silently re-run every user's sweep.
+    assert ids[0] == cell_id(dict(one[0].identity), "torch-cpu-aaaa")
+    assert len(ids[0]) == 16 and all(ch in "0123456789abcdef" for ch in ids[0])
+    # Another environment → another id.
+    assert cell_id(one[0].identity, "torch-cpu-bbbb") != ids[0]
+    changed = load_matrix(write(tmp_path, "[axes]\nthreads = [1, 2]\n[fixed]\nseed = 1\n")).cells
+    assert cell_id(changed[0].identity, "torch-cpu-aaaa") != ids[0]
+
+
+def test_cell_id_golden():
+    assert cell_id({"threads": 1, "batch_size": 64}, "torch-cpu-000000000000") == \
+        cell_id({"batch_size": 64, "threads": 1}, "torch-cpu-000000000000")
+
+
+def test_where_selects_a_slice(tmp_path):
+    m = load_matrix(write(tmp_path, "[axes]\nthreads = [1, 2]\nbatch_size = [64, 512]\nonednn = [true, false]\n"))
+    planned = plan_cells(m, lambda fw, v: "env")
+    chosen = select(planned, parse_where(["threads=2", "batch_size=64,512", "onednn=false"]))
+    assert [(p.params["threads"], p.params["batch_size"], p.params["onednn"]) for p in chosen] == [
+        (2, 64, False), (2, 512, False)]
+    by_id = select(planned, parse_where([f"cell={planned[0].cell_id[:6]}"]))
+    assert by_id == [planned[0]]
+
+
+@pytest.mark.parametrize("where, message", [
+    (["threads"], "--where 'threads': expected KEY=VALUE[,VALUE…], e.g. threads=1,2"),
+    (["colour=red"], "--where 'colour=red': unknown parameter 'colour'"),
+    (["threads=64"], "--where matches no cell of the matrix"),
+])
+def test_bad_where(tmp_path, where, message):
+    m = load_matrix(write(tmp_path, "[axes]\nthreads = [1, 2]\n"))
+    with pytest.raises(Exception) as info:
+        select(plan_cells(m, lambda fw, v: "env"), parse_where(where))
+    assert str(info.value).startswith(message)
+    assert info.value.exit_code == 2
+
+
+BAD = [
+    ("unknown section", "[axis]\nthreads = [1]\n",
+     "matrix.toml: [axis] unknown section; expected one of sweep, fixed, axes, zip, include, exclude"),
+    ("unknown parameter", "[axes]\ncolour = [1]\n",
+     "matrix.toml: [axes -> colour] unknown parameter; known: "),
+    ("wrong type in an axis", '[axes]\nbatch_size = [64, 128, "big"]\n',
+     'matrix.toml: [axes -> batch_size -> 2] expected a positive integer, got "big"'),
+    ("negative batch", "[fixed]\nbatch_size = -8\n",
+     "matrix.toml: [fixed -> batch_size] expected a positive integer at most 1,048,576, got -8"),
+    ("boolean for an integer", "[fixed]\nepochs = true\n",
+     "matrix.toml: [fixed -> epochs] expected a positive integer, got true"),
+    ("empty axis", "[axes]\nthreads = []\n",
+     "matrix.toml: [axes -> threads] is empty: an axis needs at least one value"),
+    ("axis not a list", "[axes]\nthreads = 2\n",
+     "matrix.toml: [axes -> threads] expected a list of values, got 2"),
+    ("empty product", "[axes]\nthreads = [1]\n[[exclude]]\nthreads = 1\n",
+     "matrix.toml: [exclude] every combination is excluded: the matrix expands to no cells"),
+    ("huge product", "[axes]\nseed = [" + ", ".join(map(str, range(200))) + "]\nbatch_size = ["
+     + ", ".join(map(str, range(1, 201))) + "]\n",
+     "matrix.toml: [axes] the matrix expands to 40,000 cells, over the limit of 10,000; "
+     "narrow the axes or raise [sweep] max_cells"),
+    ("shell metacharacters in a choice", '[fixed]\nmodel = "lenet5; rm -rf ~"\n',
+     'matrix.toml: [fixed -> model] expected one of "lenet5", got "lenet5; rm -rf ~"'),
+    ("shell metacharacters in a cpuset", '[fixed]\ncpuset = "0-1 $(touch /tmp/pwned)"\n',
+     'matrix.toml: [fixed -> cpuset] expected a CPU list such as "0-3,6" (or "" for no pinning), '
+     'got "0-1 $(touch /tmp/pwned)"'),
+    ("path traversal in the sweep name", '[sweep]\nname = "../../etc"\n',
+     "matrix.toml: [sweep -> name] expected a name of letters, digits, '.', '_' or '-' (at most 64, "
+     'not starting with \'.\' or \'-\'), got "../../etc"'),
+    ("backquotes in the variant", '[fixed]\nvariant = "cpu`id`"\n',
+     "matrix.toml: [fixed -> variant] expected a variant name of lower-case letters, digits, '.', '_' "
+     'or \'-\', got "cpu`id`"'),
+    ("NaN learning rate", "[fixed]\nlr = nan\n",
+     "matrix.toml: [fixed -> lr] expected a positive learning rate, got nan"),
+    ("momentum out of range", "[axes]\nmomentum = [0.9, 1.5]\n",
+     "matrix.toml: [axes -> momentum -> 1] expected a momentum in [0, 1), got 1.5"),
+    ("threads zero", "[axes]\nthreads = [0]\n",
+     'matrix.toml: [axes -> threads -> 0] expected a thread count from 1 to 1024 or "unset", got 0'),
+    ("same key in fixed and axes", "[fixed]\nthreads = 1\n[axes]\nthreads = [1, 2]\n",
+     "matrix.toml: [axes -> threads] is also set in [fixed -> threads]; set it in one place"),
+    ("zip lengths differ", "[[zip]]\nbatch_size = [64, 512]\nlr = [0.01]\n",
+     "matrix.toml: [zip -> 0] zipped lists must have the same length: batch_size has 2, lr has 1"),
+    ("duplicate axis values", "[axes]\nthreads = [2, 2]\n",
+     "matrix.toml: [axes -> threads] lists the same value twice"),
+    ("unknown sweep key", "[sweep]\nresult = 'x'\n",
+     "matrix.toml: [sweep -> result] unknown key; expected one of name, results, warehouse, data_dir, "
+     "repeats, timeout, executor, max_cells"),
+    ("repeats zero", "[sweep]\nrepeats = 0\n",
+     "matrix.toml: [sweep -> repeats] expected a repeat count from 1 to 1000, got 0"),
+    ("unknown executor", '[sweep]\nexecutor = "kubernetes"\n',
+     'matrix.toml: [sweep -> executor] expected one of auto, local, got "kubernetes"'),
+    ("no timed steps", "[fixed]\niterations = 5\nwarmup_steps = 5\n",
+     "matrix.toml: [fixed] warmup_steps = 5 leaves no timed steps"),
+    ("bad include", "[[include]]\ndataset = \"imagenet\"\n",
+     'matrix.toml: [include -> 0 -> dataset] expected one of "fashion-mnist", "mnist", "synthetic", got "imagenet"'),
+    ("synthetic shape", "[fixed]\ndataset = \"synthetic\"\nsynthetic_shape = [1, 28]\n",
+     "matrix.toml: [fixed -> synthetic_shape] expected [channels, height, width], three integers from 1 to 4096, got [1, 28]"),
+    ("section of the wrong type", "fixed = 3\n",
+     "matrix.toml: [fixed] expected a table of parameter = value, got 3"),
+    ("cpuset backwards", '[fixed]\ncpuset = "3-1"\n',
+     'matrix.toml: [fixed -> cpuset] CPU range "3-1" runs backwards'),
+]
+
+
+@pytest.mark.parametrize("name, text, message", BAD, ids=[b[0] for b in BAD])
+def test_malformed_matrix(tmp_path, name, text, message):
+    with pytest.raises(MatrixError) as info:
+        load_matrix(write(tmp_path, text))
+    assert str(info.value).startswith(message)
+    assert info.value.exit_code == 2
+
+
+def test_toml_syntax_error_names_the_line(tmp_path):
+    with pytest.raises(MatrixError) as info:
+        load_matrix(write(tmp_path, "[axes]\nthreads = [1, 2\nbatch_size = 3\n"))
+    assert str(info.value).startswith("matrix.toml: invalid TOML: ")
+    assert "line 3" in str(info.value)
+
+
+def test_all_errors_reported_together(tmp_path):
+    with pytest.raises(MatrixError) as info:
+        load_matrix(write(tmp_path, '[fixed]\nepochs = 0\nbatch_size = "x"\n'))
+    assert str(info.value).splitlines() == [
+        "matrix.toml: [fixed -> epochs] expected a positive integer at most 100,000, got 0",
+        'matrix.toml: [fixed -> batch_size] expected a positive integer, got "x"',
+    ]
+
+
+def test_missing_and_unreadable_file(tmp_path):
+    with pytest.raises(MatrixError, match="no such matrix file"):
+        load_matrix(tmp_path / "nope.toml")
+    bad = tmp_path / "bin.toml"
+    bad.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(MatrixError, match="cannot read"):
+        load_matrix(bad)
+
+
+def test_repository_matrix_is_valid():
+    repo_matrix = Path(__file__).resolve().parents[1] / "matrix.toml"
+    m = load_matrix(repo_matrix)
+    assert len(m.cells) == 4 and m.sweep.repeats == 2
