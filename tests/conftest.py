@@ -30,3 +30,11 @@ def fashion_mnist_root() -> Path:
     if not (FASHION_MNIST / "train-images-idx3-ubyte.gz").exists():
         pytest.skip("Debian's dataset-fashion-mnist is not installed (make test installs it)")
     return FASHION_MNIST.parent
+
+
+@pytest.fixture(scope="session")
+def torch_env():
+    """The real PyTorch environment the local executor uses (built once, then reused)."""
+    from matrun.runner.envs import ensure_env
+
+    return ensure_env("torch", "cpu")

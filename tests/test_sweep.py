@@ -1,0 +1,257 @@
+"""End to end: the `matrun` CLI on real matrices, real harness subprocesses, a real DuckDB
+file and a real report; resume after SIGKILL; bad input that runs nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from matrun.warehouse.ingest import ingest
+
+MATRUN = [str(Path(sys.executable).with_name("matrun"))]
+
+TINY = """
+[sweep]
+name = "tiny"
+repeats = 2
+timeout = 300
+
+[fixed]
+dataset = "synthetic"
+synthetic_train = 256
+synthetic_test = 128
+epochs = 2
+batch_size = 32
+warmup_steps = 2
+
+[axes]
+threads = [1, 2]
+"""
+
+
+def matrun(*args: str, cwd: Path, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*MATRUN, *args], cwd=cwd, capture_output=True, text=True, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"matrun {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def sql(db: Path, query: str) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(query).fetchall()
+    finally:
+        con.close()
+
+
+class _Tables(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.scripts: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "script":
+            self.scripts.append(dict(attrs).get("src") or "")
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+@pytest.mark.slow
+def test_sweep_ingest_query_report_and_skip_done(tmp_path, torch_env):
+    (tmp_path / "matrix.toml").write_text(TINY)
+    plan = matrun("plan", cwd=tmp_path)
+    assert "2 cells × 2 repeats" in plan.stdout and "4 runs: 0 done, 4 to run" in plan.stdout
+
+    first = matrun("sweep", cwd=tmp_path)
+    assert "sweep tiny: 4 runs (4 ok); 0 already done" in first.stdout
+    db = tmp_path / "matrun.duckdb"
+    assert sql(db, "SELECT status, count(*) FROM runs GROUP BY status") == [("ok", 4)]
+    rows = sql(db, "SELECT threads, runs, accuracy_median, throughput_median FROM baseline ORDER BY threads")
+    assert [(r[0], r[1]) for r in rows] == [("1", 2), ("2", 2)]
+    assert all(0 <= r[2] <= 1 and r[3] > 0 for r in rows)
+    assert sql(db, "SELECT count(DISTINCT epoch) FROM epochs") == [(2,)]
+    assert sql(db, "SELECT count(*) > 0 FROM monitor_samples") == [(True,)]
+
+    # Nothing left: a second sweep runs nothing and duplicates nothing.
+    again = matrun("sweep", cwd=tmp_path)
+    assert "sweep tiny: 0 runs (nothing to run); 4 already done" in again.stdout
+    assert sql(db, "SELECT count(*) FROM runs") == [(4,)]
+    status = matrun("status", cwd=tmp_path)
+    assert "complete: 2" in status.stdout
+
+    # Changing one parameter of one cell re-runs only that cell.
+    (tmp_path / "matrix.toml").write_text(TINY.replace("threads = [1, 2]", "threads = [1, 2]\n[[include]]\nthreads = 2\nseed = 5"))
+    third = matrun("sweep", cwd=tmp_path)
+    assert "sweep tiny: 2 runs (2 ok); 4 already done" in third.stdout
+
+    csv_out = matrun("query", "SELECT threads, runs FROM baseline WHERE sweep = 'tiny' ORDER BY threads, runs",
+                     "--format", "csv", cwd=tmp_path)
+    assert csv_out.stdout.splitlines() == ["threads,runs", "1,2", "2,2", "2,2"]
+    as_json = json.loads(matrun("query", "SELECT count(*) AS n FROM runs", "-f", "json", cwd=tmp_path).stdout)
+    assert as_json == [{"n": 6}]
+
+    rep = matrun("report", "--out", "site", cwd=tmp_path)
+    index = Path(rep.stdout.strip().split("report: ", 1)[1])
+    assert index == (tmp_path / "site" / "index.html").resolve()
+    parser = _Tables()
+    parser.feed(index.read_text(encoding="utf-8"))
+    assert "table" in parser.tags
+    assert "assets/plotly.min.js" in parser.scripts
+    assert (tmp_path / "site" / "assets" / "plotly.min.js").stat().st_size > 1_000_000
+
+
+@pytest.mark.slow
+def test_real_fashion_mnist_slice(tmp_path, torch_env, fashion_mnist_root):
+    (tmp_path / "matrix.toml").write_text(f"""
+[sweep]
+name = "fashion-slice"
+data_dir = "{fashion_mnist_root}"
+[fixed]
+dataset = "fashion-mnist"
+train_limit = 3000
+test_limit = 500
+epochs = 2
+batch_size = 32
+threads = 2
+""")
+    out = matrun("sweep", cwd=tmp_path)
+    assert "1 runs (1 ok)" in out.stdout
+    ((acc, train_s, n_test),) = sql(tmp_path / "matrun.duckdb",
+                                    "SELECT accuracy, train_seconds, test_seconds FROM run_overview")
+    assert acc > 0.6  # 10 classes: chance is 0.1
+    assert train_s > 0 and n_test > 0
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_sigkill_mid_cell_then_resume(tmp_path, torch_env):
+    # Three cells, the middle one slow enough to be killed inside it.
+    (tmp_path / "matrix.toml").write_text("""
+[sweep]
+name = "resume"
+[fixed]
+dataset = "synthetic"
+synthetic_test = 64
+epochs = 1
+batch_size = 32
+warmup_steps = 1
+threads = 1
+[[zip]]
+seed = [1, 2, 3]
+synthetic_train = [128, 60000, 128]
+""")
+    sweep = subprocess.Popen([*MATRUN, "sweep"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    results = tmp_path / "results" / "resume"
+    try:
+        def second_running():
+            done = list(results.glob("*/*/result.json"))
+            monitors = [m for m in results.glob("*/*/monitor.jsonl") if not (m.parent / "result.json").exists()]
+            return monitors[0] if len(done) == 1 and monitors and monitors[0].stat().st_size > 0 else None
+
+        monitor = _wait_for(second_running, 120, "the second cell to start")
+        time.sleep(1.0)
+        cell_pid = json.loads(monitor.read_text().splitlines()[0])["pid"]
+        sweep.send_signal(signal.SIGKILL)
+        sweep.wait(10)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        sweep.communicate()
+    # The cell dies with the sweep (PR_SET_PDEATHSIG), it does not keep training unseen.
+    _wait_for(lambda: not Path(f"/proc/{cell_pid}").exists() or
+              "Z" in Path(f"/proc/{cell_pid}/stat").read_text().split()[2], 10, "the orphaned cell to die")
+    interrupted = monitor.parent
+    assert not (interrupted / "result.json").exists()
+
+    resumed = matrun("sweep", cwd=tmp_path)
+    assert "sweep resume: 2 runs (2 ok); 1 already done" in resumed.stdout
+    db = tmp_path / "matrun.duckdb"
+    assert sql(db, "SELECT count(*), count(DISTINCT cell_id), min(status), max(status) FROM runs") == [(3, 3, "ok", "ok")]
+    # The interrupted cell ran again as attempt 2; attempt 1 stays on disk, unfinished, never ingested.
+    cell = interrupted.parent.name
+    assert sql(db, f"SELECT attempt FROM runs WHERE cell_id = '{cell}'") == [(2,)]
+    assert (interrupted.parent / "0-2" / "result.json").exists()
+    report = ingest([tmp_path / "results"], warehouse=db)
+    assert report.incomplete == [interrupted] and not report.ingested
+
+
+def test_bad_matrix_exits_2_and_runs_nothing(tmp_path):
+    (tmp_path / "matrix.toml").write_text('[axes]\nbatch_size = [64, "$(reboot)"]\n')
+    for command in ("plan", "sweep", "status"):
+        proc = matrun(command, cwd=tmp_path, check=False)
+        assert proc.returncode == 2
+        assert proc.stderr.strip() == ('Error: matrix.toml: [axes -> batch_size -> 1] expected a positive integer, '
+                                       'got "$(reboot)"')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["matrix.toml"]
+
+
+def test_missing_dataset_is_a_clear_error_before_anything_runs(tmp_path):
+    (tmp_path / "matrix.toml").write_text(f'[sweep]\ndata_dir = "{tmp_path / "data"}"\n[fixed]\ndataset = "fashion-mnist"\n')
+    proc = matrun("sweep", cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert "Error: dataset 'fashion-mnist' not found" in proc.stderr
+    assert "apt-get install dataset-fashion-mnist" in proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_cpuset_the_host_lacks_is_refused(tmp_path):
+    (tmp_path / "matrix.toml").write_text('[fixed]\ndataset = "synthetic"\ncpuset = "0,4095"\n')
+    proc = matrun("sweep", cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert "names CPUs this host does not offer (4095)" in proc.stderr
+
+
+@pytest.mark.parametrize("query, message", [
+    ("", "Error: "),
+    ("DROP TABLE runs", "Error: query failed: "),
+    ("SELEC 1", "Error: query failed: "),
+    ("COPY runs TO '/tmp/matrun-stolen.csv'", "Error: query failed: "),
+    ("SELECT * FROM read_csv('/etc/passwd')", "Error: query failed: "),
+])
+def test_hostile_or_broken_sql_from_the_cli(tmp_path, query, message):
+    from bundle_factory import make_bundle
+
+    make_bundle(tmp_path / "results")
+    matrun("ingest", "results", "--warehouse", "w.duckdb", cwd=tmp_path)
+    proc = matrun("query", query, "--warehouse", "w.duckdb", cwd=tmp_path, check=False)
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stderr.startswith(message)
+    assert sql(tmp_path / "w.duckdb", "SELECT count(*) FROM runs") == [(1,)]
+    assert not Path("/tmp/matrun-stolen.csv").exists()
+
+
+def test_ingest_cli_reports_corrupt_bundles_and_loads_the_rest(tmp_path):
+    from bundle_factory import make_bundle
+
+    make_bundle(tmp_path / "results", cell_id="a" * 16)
+    bad = make_bundle(tmp_path / "results", cell_id="b" * 16)
+    (bad / "result.json").write_text('{"schema_version": 1, "status": ')
+    half = make_bundle(tmp_path / "results", cell_id="c" * 16, with_result=False)
+    proc = matrun("ingest", "results", "--warehouse", "w.duckdb", cwd=tmp_path)
+    assert f"skipped {bad}" in proc.stderr and "result.json" in proc.stderr
+    assert f"incomplete (no result.json yet): {half}" in proc.stderr
+    assert sql(tmp_path / "w.duckdb", "SELECT cell_id FROM runs") == [("a" * 16,)]
+    matrun("ingest", "results", "--warehouse", "w.duckdb", cwd=tmp_path)
+    assert sql(tmp_path / "w.duckdb", "SELECT count(*) FROM runs") == [(1,)]
