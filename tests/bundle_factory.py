@@ -64,6 +64,7 @@ def make_bundle(
     hostname: str = "fixture-host",
     with_result: bool = True,
     error_tail: str = "",
+    wall_seconds: float = 30.0,
 ) -> Path:
     """Write one complete bundle and return its directory.
 
@@ -135,7 +136,7 @@ def make_bundle(
         "repeat": repeat, "attempt": attempt, "env_id": env_id, "executor": "local",
         "status": status, "exit_code": exit_code, "error_tail": error_tail,
         "started_at": "2026-11-22T01:50:00+00:00", "ended_at": "2026-11-22T01:50:30+00:00",
-        "wall_seconds": 30.0,
+        "wall_seconds": wall_seconds,
         "host": {"hostname": hostname, "cpu_model": "Fixture CPU", "cpu_count": 2,
                  "mem_total_bytes": 24 * 2**30, "os": "Linux fixture", "python": "3.11.7",
                  "matrun_version": "0.1.0"},

@@ -1,0 +1,422 @@
+"""Ingest: finding and validating bundles, idempotence, conflicts, bad bundles, rollback.
+
+Bundles come from bundle_factory (events.jsonl of a default bundle: line 1 header, 2 probe,
+3 data, 4 model, 5-10 six steps, 11-12 two epochs, 13 summary, 14 end).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import duckdb
+import pytest
+
+import matrun.warehouse.bundles as bundles_module
+import matrun.warehouse.ingest as ingest_module
+from bundle_factory import make_bundle, read_json
+from matrun.errors import InputError, WarehouseError
+from matrun.warehouse.bundles import BadBundle, BundleIncomplete, find_bundles, load_bundle
+from matrun.warehouse.db import open_warehouse
+from matrun.warehouse.ingest import IngestReport, ingest
+
+TABLES = ("runs", "steps", "epochs", "monitor_samples")
+RUN = "c0ffee0000000001/0-1"
+
+
+def counts(path: Path) -> dict[str, int]:
+    with open_warehouse(path, read_only=True) as wh:
+        return {t: wh.con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
+
+
+def rows(path: Path, sql: str) -> list[tuple]:
+    with open_warehouse(path, read_only=True) as wh:
+        return wh.con.execute(sql).fetchall()
+
+
+def edit_json(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    data = read_json(path)
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def edit_line(path: Path, number: int, change: Callable[[dict[str, Any]], None]) -> None:
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[number - 1])
+    change(record)
+    lines[number - 1] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+
+
+# -- finding and loading -----------------------------------------------------------------
+
+
+def test_find_bundles_sorted_root_itself_and_no_symlinks(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    b = make_bundle(results, cell_id="bbbb", repeat=0)
+    a2 = make_bundle(results, cell_id="aaaa", repeat=1)
+    a1 = make_bundle(results, cell_id="aaaa", repeat=0)
+    outside = make_bundle(tmp_path / "elsewhere", cell_id="cccc")
+    (results / "fixture" / "link").symlink_to(outside.parent, target_is_directory=True)
+    (results / "not-a-bundle").mkdir()
+    assert list(find_bundles(results)) == [a1, a2, b]
+    assert list(find_bundles(a1)) == [a1]
+    with pytest.raises(InputError) as err:
+        list(find_bundles(tmp_path / "missing"))
+    assert str(err.value) == f"{tmp_path / 'missing'}: no such directory"
+
+
+def test_load_bundle_parses_every_record(tmp_path: Path) -> None:
+    directory = make_bundle(tmp_path, mismatches=["threads: asked 2, in force 1"])
+    bundle = load_bundle(directory)
+    assert bundle.run_id == RUN and bundle.status == "ok"
+    assert bundle.key.sweep == "fixture" and bundle.key.repeat == 0 and bundle.key.attempt == 1
+    assert bundle.spec["params"]["model"] == "lenet5"
+    assert bundle.probe is not None and bundle.probe["mismatches"] == ["threads: asked 2, in force 1"]
+    assert bundle.data is not None and bundle.data["train_size"] == 60000
+    assert bundle.model is not None and bundle.model["parameters"] == 61706
+    assert [s["phase"] for s in bundle.steps] == ["warmup"] * 2 + ["timed"] * 4
+    assert [e["test_accuracy"] for e in bundle.epochs] == [0.7, 0.8]
+    assert bundle.summary is not None and bundle.summary["throughput"] == 6400.0
+    assert bundle.monitor_header["interval_s"] == 0.2
+    assert [s["rss_bytes"] for s in bundle.monitor_samples] == [100_000_000, 300_000_000]
+    assert bundle.warnings == []
+    assert len(bundle.digest) == 64
+    assert load_bundle(directory).digest == bundle.digest
+    (directory / "stdout.log").write_text("logs are not part of the digest\n")
+    assert load_bundle(directory).digest == bundle.digest
+    edit_json(directory / "result.json", lambda r: r.update(wall_seconds=31.0))
+    assert load_bundle(directory).digest != bundle.digest
+
+
+def test_load_bundle_error_names_the_file(tmp_path: Path) -> None:
+    directory = make_bundle(tmp_path)
+    edit_json(directory / "result.json", lambda r: r.update(schema_version=7))
+    with pytest.raises(BadBundle) as err:
+        load_bundle(directory)
+    assert str(err.value) == (f"{directory / 'result.json'}: has schema_version 7; "
+                              "this matrun reads 1: upgrade matrun")
+
+
+# -- ingesting good bundles --------------------------------------------------------------
+
+
+def test_ingest_writes_every_table(tmp_path: Path) -> None:
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    first = make_bundle(results, repeat=0)
+    second = make_bundle(results, repeat=1)
+    report = ingest([results], warehouse=wh)
+    assert report.ingested == [first.resolve(), second.resolve()]
+    assert report.unchanged == [] and report.skipped == [] and report.incomplete == []
+    assert counts(wh) == {"runs": 2, "steps": 12, "epochs": 4, "monitor_samples": 4}
+    assert rows(wh, "SELECT run_id, sweep, status, exit_code, executor, throughput, "
+                    "train_seconds, accuracy, timed_steps, rss_peak_bytes, bundle_path "
+                    "FROM runs ORDER BY run_id") == [
+        (RUN, "fixture", "ok", 0, "local", 6400.0, 20.0, 0.8, 4, 300_000_000,
+         str(first.resolve())),
+        ("c0ffee0000000001/1-1", "fixture", "ok", 0, "local", 6400.0, 20.0, 0.8, 4,
+         300_000_000, str(second.resolve())),
+    ]
+    assert rows(wh, f"SELECT step, phase, seconds, images FROM steps WHERE run_id = '{RUN}' "
+                    "ORDER BY step") == [
+        (0, "warmup", 0.02, 64), (1, "warmup", 0.02, 64), (2, "timed", 0.01, 64),
+        (3, "timed", 0.01, 64), (4, "timed", 0.01, 64), (5, "timed", 0.01, 64)]
+    assert rows(wh, f"SELECT epoch, steps, train_loss, test_accuracy, epoch_seconds FROM epochs "
+                    f"WHERE run_id = '{RUN}' ORDER BY epoch") == [
+        (0, 6, 1.0, 0.7, 10.0), (1, 6, 0.5, 0.8, 10.0)]
+    assert rows(wh, f"SELECT t, cpu_user, cpu_system, iowait, rss_bytes, nprocs "
+                    f"FROM monitor_samples WHERE run_id = '{RUN}' ORDER BY t") == [
+        (0.2, 90.0, 10.0, 0.0, 100_000_000, 1), (0.4, 110.0, 10.0, 0.0, 300_000_000, 1)]
+    assert rows(wh, f"SELECT params->>'model', probe->>'framework_version', "
+                    f"model->>'parameters', harness_version FROM runs WHERE run_id = '{RUN}'") == [
+        ("lenet5", "2.13.0+cpu", "61706", "1")]
+
+
+def test_ingest_twice_changes_nothing(tmp_path: Path) -> None:
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    made = [make_bundle(results, repeat=r) for r in range(3)]
+    ingest([results], warehouse=wh)
+    before = counts(wh)
+    stamps = rows(wh, "SELECT run_id, CAST(ingested_at AS VARCHAR) FROM runs ORDER BY run_id")
+    report = ingest([results, made[0]], warehouse=wh)  # overlapping paths count once
+    assert report.ingested == [] and report.skipped == []
+    assert report.unchanged == [m.resolve() for m in made]
+    assert counts(wh) == before == {"runs": 3, "steps": 18, "epochs": 6, "monitor_samples": 6}
+    assert rows(wh, "SELECT run_id, CAST(ingested_at AS VARCHAR) FROM runs ORDER BY run_id") == stamps
+
+
+def test_same_run_with_different_content_is_a_conflict(tmp_path: Path) -> None:
+    wh = tmp_path / "w.duckdb"
+    original = make_bundle(tmp_path / "a", wall_seconds=30.0)
+    ingest([tmp_path / "a"], warehouse=wh)
+    digest = load_bundle(original).digest
+    changed = make_bundle(tmp_path / "b", wall_seconds=99.0)
+    new_digest = load_bundle(changed).digest
+    report = ingest([tmp_path / "b"], warehouse=wh)
+    assert report.ingested == [] and report.unchanged == []
+    assert report.skipped == [(changed.resolve(), (
+        f"conflict: run {RUN} is already in the warehouse with different content (digest "
+        f"{digest[:12]}, this bundle {new_digest[:12]}); a run is never overwritten: rebuild "
+        "the warehouse from bundles to replace it"))]
+    assert rows(wh, "SELECT wall_seconds, bundle_digest FROM runs") == [(30.0, digest)]
+    assert counts(wh)["runs"] == 1
+
+
+def test_conflict_inside_one_ingest(tmp_path: Path) -> None:
+    wh = tmp_path / "w.duckdb"
+    first = make_bundle(tmp_path / "a", wall_seconds=30.0)
+    second = make_bundle(tmp_path / "b", wall_seconds=99.0)
+    report = ingest([tmp_path / "a", tmp_path / "b"], warehouse=wh)
+    assert report.ingested == [first.resolve()]
+    assert [(p, r.split(" is ")[0]) for p, r in report.skipped] == [
+        (second.resolve(), f"conflict: run {RUN}")]
+    assert counts(wh)["runs"] == 1
+
+
+def test_failed_run_is_ingested_with_status_and_error_tail(tmp_path: Path) -> None:
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    tail = "Traceback (most recent call last):\nRuntimeError: out of cheese\n"
+    failed = make_bundle(results, status="failed", exit_code=3, error_tail=tail)
+    events = failed / "events.jsonl"
+    events.write_bytes(events.read_bytes()[:-25])  # the harness died mid-write
+    report = ingest([results], warehouse=wh)
+    assert report.ingested == [failed.resolve()]
+    assert report.warnings == [(failed.resolve(), "events.jsonl: ignored truncated line 12")]
+    assert rows(wh, "SELECT status, exit_code, error_tail, events_truncated, throughput, "
+                    "summary FROM runs") == [("failed", 3, tail, True, None, None)]
+    assert counts(wh) == {"runs": 1, "steps": 6, "epochs": 1, "monitor_samples": 2}
+
+
+def test_failed_run_without_events_or_monitor(tmp_path: Path) -> None:
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    crashed = make_bundle(results, status="oom", exit_code=-9, error_tail="Killed")
+    (crashed / "events.jsonl").unlink()
+    (crashed / "monitor.jsonl").write_text("")
+    report = ingest([results], warehouse=wh)
+    assert report.ingested == [crashed.resolve()]
+    assert rows(wh, "SELECT status, exit_code, probe, mismatches, harness_version FROM runs") == [
+        ("oom", -9, None, None, None)]
+    assert counts(wh) == {"runs": 1, "steps": 0, "epochs": 0, "monitor_samples": 0}
+
+
+# -- bad bundles are reported and skipped, good ones still go in --------------------------
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-10])
+
+
+def _symlink_events(directory: Path) -> None:
+    (directory / "events.jsonl").unlink()
+    (directory / "events.jsonl").symlink_to("/etc/passwd")
+
+
+def _rename_dir(directory: Path) -> None:
+    directory.rename(directory.with_name("0-2"))
+
+
+BAD_BUNDLES: dict[str, tuple[Callable[[Path], None], str, str]] = {
+    # name: (how to break the bundle, the bundle directory's name afterwards, the reason)
+    "corrupt spec": (
+        lambda d: (d / "spec.json").write_text('{"schema_version": 1, "sweep": }'),
+        "0-1", "spec.json: invalid JSON at line 1, column 32: Expecting value"),
+    "spec not an object": (
+        lambda d: (d / "spec.json").write_text("[1, 2]"),
+        "0-1", "spec.json: is not a JSON object"),
+    "truncated events of an ok run": (
+        lambda d: _truncate(d / "events.jsonl"),
+        "0-1", "events.jsonl: line 14 is truncated (the file ends mid-record) but result.json "
+               "says status ok"),
+    "truncated monitor of an ok run": (
+        lambda d: _truncate(d / "monitor.jsonl"),
+        "0-1", "monitor.jsonl: line 3 is truncated (the file ends mid-record) but result.json "
+               "says status ok"),
+    "corrupt line inside events": (
+        lambda d: edit_line_raw(d / "events.jsonl", 3, '{"type": "data", '),
+        "0-1", "events.jsonl: invalid JSON at line 3: Expecting property name enclosed in "
+               "double quotes"),
+    "unknown result schema_version": (
+        lambda d: edit_json(d / "result.json", lambda r: r.update(schema_version=7)),
+        "0-1", "result.json: has schema_version 7; this matrun reads 1: upgrade matrun"),
+    "unknown events schema_version": (
+        lambda d: edit_line(d / "events.jsonl", 1, lambda r: r.update(schema_version=2)),
+        "0-1", "events.jsonl: has schema_version 2; this matrun reads 1: upgrade matrun"),
+    "events without header": (
+        lambda d: edit_line(d / "events.jsonl", 1, lambda r: r.update(type="probe")),
+        "0-1", "events.jsonl: line 1 is not a header record"),
+    "missing status": (
+        lambda d: edit_json(d / "result.json", lambda r: r.pop("status")),
+        "0-1", "result.json: is missing required key 'status'"),
+    "missing schema_version": (
+        lambda d: edit_json(d / "spec.json", lambda r: r.pop("schema_version")),
+        "0-1", "spec.json: is missing required key 'schema_version'"),
+    "unknown status": (
+        lambda d: edit_json(d / "result.json", lambda r: r.update(status="crashed")),
+        "0-1", "result.json: status 'crashed' is not one of ok, failed, timeout, oom, cancelled"),
+    "wrong type": (
+        lambda d: edit_json(d / "result.json", lambda r: r.update(repeat="zero")),
+        "0-1", "result.json: key 'repeat' should be an integer, got \"zero\""),
+    "naive time": (
+        lambda d: edit_json(d / "result.json", lambda r: r.update(started_at="2026-11-22 01:50")),
+        "0-1", "result.json: key 'started_at' should be an ISO 8601 time with a UTC offset, "
+               "got \"2026-11-22 01:50\""),
+    "spec and result disagree": (
+        lambda d: edit_json(d / "result.json", lambda r: r.update(cell_id="0000000000000bad")),
+        "0-1", "result.json: cell_id is \"0000000000000bad\" but spec.json says "
+               "\"c0ffee0000000001\""),
+    "directory name disagrees": (
+        _rename_dir, "0-2",
+        "0-2: directory name does not match spec.json (repeat 0, attempt 1: expected '0-1')"),
+    "bad step record": (
+        lambda d: edit_line(d / "events.jsonl", 5, lambda r: r.update(seconds="fast")),
+        "0-1", "events.jsonl: line 5: step record key 'seconds' should be a number, got \"fast\""),
+    "bad step phase": (
+        lambda d: edit_line(d / "events.jsonl", 6, lambda r: r.update(phase="cooldown")),
+        "0-1", "events.jsonl: line 6: step phase 'cooldown' is not 'warmup' or 'timed'"),
+    "ok run without summary": (
+        lambda d: edit_line_raw(d / "events.jsonl", 13, '{"type": "note"}'),
+        "0-1", "events.jsonl: has no summary record, but result.json says status ok"),
+    "ok run without events": (
+        lambda d: (d / "events.jsonl").unlink(),
+        "0-1", "events.jsonl: is missing or empty, but result.json says status ok"),
+    "symlinked file": (
+        _symlink_events, "0-1",
+        "events.jsonl: is a symbolic link; bundle files must be regular files"),
+}
+
+
+def edit_line_raw(path: Path, number: int, text: str) -> None:
+    lines = path.read_text().splitlines()
+    lines[number - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BUNDLES))
+def test_bad_bundle_is_skipped_with_its_reason(tmp_path: Path, case: str) -> None:
+    break_it, name, reason = BAD_BUNDLES[case]
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    good = make_bundle(results, cell_id="900d000000000001")
+    bad = make_bundle(results)
+    break_it(bad)
+    report = ingest([results], warehouse=wh)
+    assert report.skipped == [(bad.with_name(name).resolve(), reason)]
+    assert report.ingested == [good.resolve()]
+    assert report.incomplete == [] and report.unchanged == []
+    assert rows(wh, "SELECT run_id FROM runs") == [("900d000000000001/0-1",)]
+    assert counts(wh) == {"runs": 1, "steps": 6, "epochs": 2, "monitor_samples": 2}
+
+
+def test_incomplete_bundle_is_reported_apart(tmp_path: Path) -> None:
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    good = make_bundle(results, cell_id="900d000000000001")
+    unfinished = make_bundle(results, with_result=False)
+    with pytest.raises(BundleIncomplete) as err:
+        load_bundle(unfinished)
+    assert err.value.short() == ("result.json: missing: the run never finished "
+                                 "(or is still running)")
+    report = ingest([results], warehouse=wh)
+    assert report.incomplete == [unfinished.resolve()]
+    assert report.skipped == [] and report.ingested == [good.resolve()]
+    assert counts(wh)["runs"] == 1
+    make_bundle(results)  # the run finishes later: the next ingest picks it up
+    report = ingest([results], warehouse=wh)
+    assert report.ingested == [unfinished.resolve()]
+    assert counts(wh)["runs"] == 2
+
+
+def test_oversized_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    bad = make_bundle(results)
+    size = (bad / "events.jsonl").stat().st_size
+    monkeypatch.setattr(bundles_module, "MAX_FILE_BYTES", 1000)
+    report = ingest([results], warehouse=wh)
+    assert report.skipped == [(bad.resolve(), f"events.jsonl: is {size} bytes, over the "
+                                              "1000 bytes limit for a bundle file")]
+
+
+def test_missing_path_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as err:
+        ingest([tmp_path / "nowhere"], warehouse=tmp_path / "w.duckdb")
+    assert str(err.value) == (f"{tmp_path / 'nowhere'}: no such directory; give a results "
+                              "directory or a bundle")
+    assert not (tmp_path / "w.duckdb").exists()
+
+
+def test_report_summary() -> None:
+    report = IngestReport(ingested=[Path("/r/a/0-1"), Path("/r/a/1-1")],
+                          unchanged=[Path("/r/b/0-1")],
+                          skipped=[(Path("/r/c/0-1"), "result.json: is not a JSON object")],
+                          incomplete=[Path("/r/d/0-1")])
+    assert report.summary() == "ingested 2 run(s), 1 unchanged, 1 skipped, 1 incomplete"
+
+
+# -- transactions ------------------------------------------------------------------------
+
+
+def test_failure_mid_transaction_rolls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wh = tmp_path / "w.duckdb"
+    make_bundle(tmp_path / "first")
+    ingest([tmp_path / "first"], warehouse=wh)
+    before = counts(wh)
+    for repeat in range(1, 4):
+        make_bundle(tmp_path / "second", repeat=repeat)
+
+    real_insert = ingest_module._insert_table
+    inserted: list[str] = []
+
+    def insert_then_fail(con: duckdb.DuckDBPyConnection, name: str, table: Any) -> None:
+        if name == "epochs":  # runs and steps are already written inside the transaction
+            raise duckdb.IOException("IO Error: disk full")
+        real_insert(con, name, table)
+        inserted.append(name)
+
+    monkeypatch.setattr(ingest_module, "_insert_table", insert_then_fail)
+    with pytest.raises(WarehouseError) as err:
+        ingest([tmp_path / "second"], warehouse=wh)
+    assert str(err.value) == (f"ingest into warehouse {wh} failed and was rolled back, nothing "
+                              "was written: IO Error: disk full")
+    assert inserted == ["runs", "steps"]
+    assert counts(wh) == before == {"runs": 1, "steps": 6, "epochs": 2, "monitor_samples": 2}
+
+    monkeypatch.setattr(ingest_module, "_insert_table", real_insert)
+    report = ingest([tmp_path / "second"], warehouse=wh)
+    assert len(report.ingested) == 3
+    assert counts(wh) == {"runs": 4, "steps": 24, "epochs": 8, "monitor_samples": 8}
+
+
+def test_non_database_error_also_rolls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wh = tmp_path / "w.duckdb"
+    make_bundle(tmp_path / "results")
+    real_insert = ingest_module._insert_table
+
+    def insert_then_crash(con: duckdb.DuckDBPyConnection, name: str, table: Any) -> None:
+        real_insert(con, name, table)
+        if name == "monitor_samples":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ingest_module, "_insert_table", insert_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        ingest([tmp_path / "results"], warehouse=wh)
+    assert counts(wh) == {"runs": 0, "steps": 0, "epochs": 0, "monitor_samples": 0}
+
+
+# -- volume ------------------------------------------------------------------------------
+
+
+def test_hundred_bundles_of_a_thousand_steps(tmp_path: Path) -> None:
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    seconds = [0.02] * 10 + [0.01] * 990
+    for cell in range(20):
+        for repeat in range(5):
+            make_bundle(results, cell_id=f"{cell:016x}", repeat=repeat, step_seconds=seconds,
+                        warmup_steps=10)
+    report = ingest([results], warehouse=wh)
+    assert len(report.ingested) == 100 and report.skipped == []
+    assert counts(wh) == {"runs": 100, "steps": 100_000, "epochs": 200, "monitor_samples": 200}
+    assert rows(wh, "SELECT phase, count(*), sum(images) FROM steps GROUP BY phase "
+                    "ORDER BY phase") == [("timed", 99_000, 99_000 * 64), ("warmup", 1_000, 64_000)]
+    assert rows(wh, "SELECT count(DISTINCT run_id), min(throughput), max(throughput) "
+                    "FROM runs") == [(100, 6400.0, 6400.0)]
+    assert rows(wh, "SELECT count(*) FROM (SELECT run_id FROM steps GROUP BY run_id "
+                    "HAVING count(*) = 1000 AND max(step) = 999)") == [(100,)]

@@ -1,0 +1,246 @@
+"""Opening the DuckDB warehouse: locking, migrations and views (docs/WAREHOUSE.md).
+
+A writer connection applies pending migrations (``migrations/NNN_name.sql``, once each, in
+a transaction, recorded in ``schema_migrations``) and re-creates the views from
+``views/<name>.sql``.  A read-only connection changes nothing and runs with DuckDB's
+external access off, so SQL typed by a user cannot read or write files.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+
+from matrun.errors import WarehouseError, WarehouseLocked
+
+#: Marks the views this module owns, so re-creating them never touches a user's own views.
+VIEW_COMMENT_PREFIX = "matrun view: "
+
+_MIGRATION_FILE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+_VIEW_FILE = re.compile(r"^([a-z][a-z0-9_]*)\.sql$")
+_LOCK_PID = re.compile(r"\(PID (\d+)\)")
+_RETRY_S = 0.1
+
+
+@dataclass(frozen=True)
+class Warehouse:
+    """An open warehouse: ``con`` is the DuckDB connection, valid inside the ``with``."""
+
+    path: Path
+    con: duckdb.DuckDBPyConnection
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+@contextmanager
+def open_warehouse(path: Path | str, *, read_only: bool = False,
+                   wait_s: float = 0.0) -> Iterator[Warehouse]:
+    """Open the warehouse file for the duration of a ``with`` block.
+
+    A writer creates the file if needed, applies pending migrations and re-creates the
+    views.  ``wait_s`` retries a lock held by another process for that many seconds before
+    raising :class:`WarehouseLocked`.
+    """
+    path = Path(path)
+    if read_only and not path.exists():
+        raise WarehouseError(f"warehouse {path} does not exist; run `matrun sweep` or "
+                             "`matrun ingest` first to create it")
+    if not read_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    con = _connect(path, read_only=read_only, wait_s=wait_s)
+    try:
+        try:
+            if read_only:
+                _check_schema_readable(con, path)
+            else:
+                apply_migrations(con, path)
+                create_views(con, path)
+        except duckdb.Error as exc:
+            raise WarehouseError(f"warehouse {path}: {_first_line(exc)}") from None
+        yield Warehouse(path=path, con=con, read_only=read_only)
+    finally:
+        con.close()
+
+
+def _connect(path: Path, *, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnection:
+    config = {"enable_external_access": False, "lock_configuration": True} if read_only else {}
+    deadline = time.monotonic() + max(0.0, wait_s)
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only, config=config)
+        except duckdb.IOException as exc:
+            message = str(exc)
+            if "Could not set lock on file" in message:
+                remaining = deadline - time.monotonic()
+                if remaining > 0:
+                    time.sleep(min(_RETRY_S, remaining))
+                    continue
+                raise WarehouseLocked(_locked_message(path, message)) from None
+            if "not a valid DuckDB database file" in message:
+                raise WarehouseError(f"{path} is not a DuckDB database file; point --warehouse "
+                                     "at a matrun warehouse or at a new file name") from None
+            raise WarehouseError(f"could not open warehouse {path}: {_first_line(exc)}") from None
+        except duckdb.Error as exc:
+            raise WarehouseError(f"could not open warehouse {path}: {_first_line(exc)}") from None
+
+
+def _locked_message(path: Path, duckdb_message: str) -> str:
+    match = _LOCK_PID.search(duckdb_message)
+    holder = f" (pid {match.group(1)})" if match else ""
+    return (f"warehouse {path} is in use by another matrun process{holder}; "
+            "wait for it to finish or use a different --warehouse")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# -- migrations --------------------------------------------------------------------------
+
+
+def migrations() -> list[Migration]:
+    """The migrations shipped with this matrun, in version order."""
+    found: dict[int, Migration] = {}
+    for entry in resources.files("matrun.warehouse").joinpath("migrations").iterdir():
+        match = _MIGRATION_FILE.match(entry.name)
+        if not match:
+            continue
+        version = int(match.group(1))
+        if version in found:
+            raise WarehouseError(f"two migrations are numbered {version:03d}: "
+                                 f"{found[version].name} and {match.group(2)}")
+        found[version] = Migration(version, match.group(2), entry.read_text(encoding="utf-8"))
+    return [found[v] for v in sorted(found)]
+
+
+def apply_migrations(con: duckdb.DuckDBPyConnection, path: Path) -> list[int]:
+    """Apply each pending migration in its own transaction; return the versions applied."""
+    con.execute("""
+        CREATE TABLE IF NOT EXISTS schema_migrations (
+            version     INTEGER PRIMARY KEY,
+            name        VARCHAR NOT NULL,
+            applied_at  TIMESTAMPTZ NOT NULL DEFAULT current_timestamp
+        )""")
+    known = migrations()
+    applied = _applied_versions(con)
+    _refuse_newer(path, applied, known)
+    done = []
+    for migration in known:
+        if migration.version in applied:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(migration.sql)
+            con.execute("INSERT INTO schema_migrations (version, name) VALUES (?, ?)",
+                        [migration.version, migration.name])
+            con.execute("COMMIT")
+        except duckdb.Error as exc:
+            con.execute("ROLLBACK")
+            raise WarehouseError(f"warehouse {path}: migration {migration.version:03d}_"
+                                 f"{migration.name}.sql failed: {_first_line(exc)}") from None
+        done.append(migration.version)
+    return done
+
+
+def _applied_versions(con: duckdb.DuckDBPyConnection) -> set[int]:
+    return {row[0] for row in con.execute("SELECT version FROM schema_migrations").fetchall()}
+
+
+def _refuse_newer(path: Path, applied: set[int], known: list[Migration]) -> None:
+    newest = known[-1].version if known else 0
+    if applied and max(applied) > newest:
+        raise WarehouseError(f"warehouse {path} has schema version {max(applied)}; this matrun "
+                             f"knows up to {newest}: upgrade matrun")
+
+
+def _check_schema_readable(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    tables = {row[0] for row in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+    if "schema_migrations" not in tables:
+        raise WarehouseError(f"{path} is a DuckDB file but not a matrun warehouse "
+                             "(it has no schema_migrations table)")
+    known = migrations()
+    applied = _applied_versions(con)
+    _refuse_newer(path, applied, known)
+    pending = [m.version for m in known if m.version not in applied]
+    if pending:
+        raise WarehouseError(f"warehouse {path} was written by an older matrun (schema version "
+                             f"{max(applied, default=0)}, this matrun has {known[-1].version}); "
+                             "run `matrun ingest` on it once to upgrade it")
+
+
+# -- views -------------------------------------------------------------------------------
+
+
+def view_sql() -> dict[str, str]:
+    """``{view name: SELECT …}`` for every ``views/<name>.sql``, sorted by name."""
+    views = {}
+    for entry in resources.files("matrun.warehouse").joinpath("views").iterdir():
+        match = _VIEW_FILE.match(entry.name)
+        if match:
+            body = entry.read_text(encoding="utf-8").strip()
+            views[match.group(1)] = body[:-1].rstrip() if body.endswith(";") else body
+    return dict(sorted(views.items()))
+
+
+def create_views(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Drop the views matrun made before and create the current ones, in one transaction."""
+    views = view_sql()
+    order = _dependency_order(views)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        old = con.execute(
+            "SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' "
+            "AND database_name = current_database() AND starts_with(comment, ?)",
+            [VIEW_COMMENT_PREFIX]).fetchall()
+        for (name,) in old:
+            con.execute(f'DROP VIEW IF EXISTS "{name}"')
+        for name in order:
+            try:
+                con.execute(f'CREATE OR REPLACE VIEW "{name}" AS\n{views[name]}\n')
+            except duckdb.Error as exc:
+                raise WarehouseError(f"warehouse {path}: view {name} (views/{name}.sql) failed: "
+                                     f"{_first_line(exc)}") from None
+            con.execute(f"COMMENT ON VIEW \"{name}\" IS '{VIEW_COMMENT_PREFIX}views/{name}.sql'")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def _dependency_order(views: dict[str, str]) -> list[str]:
+    """Views that read other views come after them (a view may build on another)."""
+    deps = {name: {other for other in views
+                   if other != name and re.search(rf"\b{other}\b", sql)}
+            for name, sql in views.items()}
+    order: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        if name in visiting:
+            raise WarehouseError(f"views/{name}.sql is part of a cycle of views reading each other")
+        visiting.add(name)
+        for dep in sorted(deps[name]):
+            visit(dep)
+        visiting.discard(name)
+        order.append(name)
+
+    for name in views:
+        visit(name)
+    return order
