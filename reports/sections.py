@@ -1,0 +1,338 @@
+"""The sections of the report page, each rendered from DataFrames into ``Html``.
+
+Every value from the warehouse passes through ``pages.esc`` (directly or via ``table`` /
+``tag``); numbers are formatted here, once, so the tables and the tests agree.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import polars as pl
+
+from matrun.reports.pages import Html, esc, join, table, tag
+from matrun.reports.shape import InForce, mismatch_list
+
+# A throughput coefficient of variation above this marks the cell as noisy.
+NOISY_CV = 0.05
+_FAILED = frozenset({"failed", "timeout", "oom", "cancelled"})
+
+
+# --- number formatting ------------------------------------------------------------------
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    """A number with thousands separators and ``digits`` decimals; a dash when missing."""
+    if _missing(value):
+        return "–"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return f"{float(value):,.{digits}f}"
+
+
+def fmt_pct(value: Any, digits: int = 1) -> str:
+    """A fraction as a percentage (0.853 -> 85.3%)."""
+    return "–" if _missing(value) else f"{100 * float(value):.{digits}f}%"
+
+
+def num(text: str, sub: Any = None) -> Html:
+    """A numeric table cell: ``text`` right-aligned, ``sub`` as a small second line."""
+    extra = Html("") if sub is None else tag("span", sub, class_="sub")
+    return Html(f'<span class="n">{esc(text)}</span>{extra}')
+
+
+def flag(text: Any, kind: str = "warn", title: str | None = None) -> Html:
+    return tag("span", text, class_=f"flag {kind}", title=title)
+
+
+def status_flag(status: Any) -> Html:
+    kind = "ok" if status == "ok" else "bad" if status in _FAILED else "muted"
+    return flag(status, kind)
+
+
+def section(anchor: str, title: str, lead: Any, *content: Any) -> Html:
+    head = tag("h2", title) + (tag("p", lead, class_="lead") if lead else "")
+    return tag("section", join([Html(head), *content]), id=anchor)
+
+
+# --- summary cards ----------------------------------------------------------------------
+
+
+def summary_cards(runs: pl.DataFrame, baseline: pl.DataFrame) -> Html:
+    """Counts at a glance: cells, runs, ok / failed runs, runs with mismatches."""
+    statuses = runs.get_column("status").to_list()
+    failed = sum(1 for s in statuses if s != "ok")
+    mismatched = sum(1 for m in runs.get_column("mismatches").to_list() if mismatch_list(m))
+    cells = runs.select(["sweep", "cell_id"]).unique().height
+    cards = [
+        ("cells", cells, ""), ("runs", len(statuses), ""),
+        ("ok runs", len(statuses) - failed, ""),
+        ("not ok", failed, "bad" if failed else ""),
+        ("runs with mismatches", mismatched, "warn" if mismatched else ""),
+        ("cells with results", baseline.height, ""),
+    ]
+    return tag("div", join(
+        tag("div", join([tag("div", fmt(v), class_="v"), tag("div", k, class_="k")]),
+            class_=f"card {kind}".strip())
+        for k, v, kind in cards
+    ), class_="cards")
+
+
+# --- baseline table ---------------------------------------------------------------------
+
+
+def baseline_section(
+    baseline: pl.DataFrame,
+    params: Sequence[str],
+    cell_params: Mapping[tuple[str, str], Mapping[str, Any]],
+    unfinished: Sequence[tuple[str, str]],
+    figure: Html,
+) -> Html:
+    """Per cell: medians over its ok runs with min–max spread, then the throughput bars.
+
+    ``params`` are the parameter columns shown (those that vary); ``cell_params`` gives
+    their values by (sweep, cell_id); ``unfinished`` lists (label, statuses) of cells that
+    have runs but no successful one.
+    """
+    headers = [*params, "runs", "train s", "test s", "accuracy", "throughput (images/s)",
+               "CPU %", "memory MiB avg / peak", "flags"]
+    rows: list[list[Any]] = []
+    classes: list[str | None] = []
+    for row in baseline.iter_rows(named=True):
+        values = cell_params.get((row["sweep"], row["cell_id"]), row)
+        flags: list[Html] = []
+        cv = row.get("throughput_cv")
+        if not _missing(cv) and cv > NOISY_CV:
+            flags.append(flag("noisy", "warn", f"throughput CV {fmt_pct(cv)} > {fmt_pct(NOISY_CV, 0)}"))
+        mismatch_runs = row.get("mismatch_runs") or 0
+        if mismatch_runs:
+            flags.append(flag(f"⚠ mismatch in {mismatch_runs} run(s)", "warn",
+                              "what was asked differs from what was in force; see Provenance"))
+        if row.get("runs", 0) < 3:
+            flags.append(flag("< 3 runs", "muted", "medians over fewer than three repeats"))
+        rows.append([
+            *[_param(values.get(p)) for p in params],
+            num(fmt(row["runs"])),
+            num(fmt(row["train_s_median"], 2),
+                f"{fmt(row['train_s_min'], 2)}–{fmt(row['train_s_max'], 2)}"),
+            num(fmt(row["test_s_median"], 2)),
+            num(fmt_pct(row["accuracy_median"], 2),
+                f"{fmt_pct(row['accuracy_min'], 2)}–{fmt_pct(row['accuracy_max'], 2)}"),
+            num(fmt(row["throughput_median"], 1),
+                f"{fmt(row['throughput_min'], 1)}–{fmt(row['throughput_max'], 1)} · CV {fmt_pct(cv)}"),
+            num(fmt(row["cpu_total_median"], 0),
+                f"usr {fmt(row['cpu_user_median'], 0)} · sys {fmt(row['cpu_system_median'], 0)}"
+                f" · io {fmt(row['iowait_median'], 1)}"),
+            num(f"{fmt(row['rss_avg_mb'], 1)} / {fmt(row['rss_peak_mb'], 1)}"),
+            join(flags, " "),
+        ])
+        classes.append("mismatch" if mismatch_runs else None)
+    parts: list[Any] = []
+    if rows:
+        parts.append(tag("div", table(headers, rows, row_classes=classes, id="baseline-table"),
+                         class_="scroll"))
+    else:
+        parts.append(tag("p", "No cell has a successful run yet.", class_="banner warn"))
+    if unfinished:
+        items = join(tag("li", join([tag("b", label), " — ", statuses])) for label, statuses in unfinished)
+        parts.append(tag("p", f"{len(unfinished)} cell(s) have runs but none succeeded "
+                              "(see Runs for their errors):", class_="note"))
+        parts.append(tag("ul", items))
+    parts.append(figure)
+    return section(
+        "baseline", "Baseline",
+        "Medians over each cell's successful repeats; the small line under a number is its "
+        "min–max spread. CPU % is percent of one core summed over the cell's processes "
+        "(200 = two cores busy); memory is the resident set in MiB: the median of the runs' averages, and the highest peak of any run. "
+        "Cells with fewer than three runs or a throughput CV over 5% are flagged.",
+        *parts,
+    )
+
+
+def _param(value: Any) -> Any:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return value
+
+
+# --- epochs and monitor -----------------------------------------------------------------
+
+
+def epochs_section(figure: Html) -> Html:
+    return section(
+        "epochs", "Accuracy and time per epoch",
+        "Test accuracy after each epoch (bars: min–max over repeats) and the seconds each "
+        "epoch's training took, per cell.",
+        figure,
+    )
+
+
+def monitor_section(figure: Html, selected: str | None, embedded: int, total: int) -> Html:
+    """The time-series figure and which runs it can show."""
+    if selected is None:
+        return section("monitor", "CPU and memory over time", "No runs yet.")
+    note = (
+        f"Showing run {selected}. The menu switches between the {embedded} runs embedded in "
+        f"this page (this one and the most recent others, of {total} runs); for any other run, "
+        "rebuild the report with its "
+        "run id (matrun report --run RUN_ID). Series longer than 500 samples are "
+        "averaged into 500 buckets (memory keeps each bucket's peak)."
+        if embedded > 1 else
+        f"Showing run {selected}; rebuild with another run id "
+        "(matrun report --run RUN_ID) to show another run."
+    )
+    return section("monitor", "CPU and memory over time", note, figure)
+
+
+# --- provenance -------------------------------------------------------------------------
+
+
+def provenance_section(hosts: pl.DataFrame, envs: pl.DataFrame, in_force: Sequence[InForce]) -> Html:
+    """Where the runs ran, with what, and what was really in force, mismatches flagged."""
+    parts: list[Any] = []
+    if hosts.height > 1:
+        parts.append(tag("p", f"⚠ These runs come from {hosts.height} different host setups: "
+                              "compare times across them with care.", class_="banner warn"))
+    mismatched = [g for g in in_force if g.mismatches]
+    if mismatched:
+        parts.append(tag("p", f"⚠ {sum(g.runs for g in mismatched)} run(s) in "
+                              f"{len({(g.sweep, g.cell_id) for g in mismatched})} cell(s) did not get "
+                              "what they asked for; the rows are highlighted below.",
+                         class_="banner warn"))
+    parts.append(tag("h3", "Hosts"))
+    parts.append(_frame_table(hosts, {
+        "hostname": "host", "cpu_model": "CPU model", "cpu_count": "CPUs", "os": "OS",
+        "python": "Python", "matrun_version": "matrun", "runs": "runs"}))
+    parts.append(tag("h3", "Frameworks and environments"))
+    parts.append(_frame_table(envs, {
+        "framework": "framework", "framework_version": "version", "env_id": "environment",
+        "executor": "executor", "build": "build", "runs": "runs"}))
+    parts.append(tag("h3", "What was in force"))
+    rows = []
+    for g in in_force:
+        f = g.in_force
+        rows.append([
+            g.label, num(fmt(g.runs)),
+            _asked_vs(g.asked_threads, f.get("threads")),
+            esc(f.get("interop_threads")),
+            esc(_affinity(f.get("affinity"))),
+            _asked_vs(g.asked_onednn, f.get("onednn")),
+            esc(f.get("device")),
+            _libraries(g.libraries),
+            join((flag(f"⚠ {m}", "warn") for m in g.mismatches), " ") if g.mismatches
+            else flag("none", "ok"),
+        ])
+    parts.append(tag("div", table(
+        ["cell", "runs", "threads asked → in force", "interop threads", "affinity",
+         "oneDNN asked → in force", "device", "libraries loaded", "mismatches"],
+        rows, row_classes=["mismatch" if g.mismatches else None for g in in_force],
+        id="in-force-table"), class_="scroll"))
+    return section(
+        "provenance", "Provenance",
+        "Hosts, versions and what the harness found in force in each cell (threads, CPU "
+        "affinity, oneDNN, the BLAS / OpenMP libraries actually loaded).",
+        *parts,
+    )
+
+
+def _frame_table(frame: pl.DataFrame, columns: Mapping[str, str]) -> Html:
+    present = [c for c in columns if c in frame.columns]
+    rows = [[num(fmt(r[c])) if c in ("runs", "cpu_count") else r[c] for c in present]
+            for r in frame.iter_rows(named=True)]
+    return tag("div", table([columns[c] for c in present], rows), class_="scroll")
+
+
+def _asked_vs(asked: Any, in_force: Any) -> Html:
+    shown = _param(in_force)
+    asked_shown = {"True": "on", "False": "off"}.get(str(asked), asked)
+    return join([asked_shown, " → ", "–" if shown is None else shown])
+
+
+def _affinity(cpus: Any) -> str | None:
+    if isinstance(cpus, list):
+        return ",".join(str(c) for c in cpus) if cpus else "none"
+    return None if cpus is None else str(cpus)
+
+
+def _libraries(libraries: Sequence[Mapping[str, Any]]) -> Html:
+    if not libraries:
+        return esc(None)
+    items = []
+    for lib in libraries:
+        extra = [f"v{lib['version']}" if lib.get("version") else "",
+                 f"{lib['threads']} threads" if lib.get("threads") is not None else ""]
+        detail = ", ".join(e for e in extra if e)
+        items.append(tag("li", join([
+            tag("b", lib.get("name", "?")), f" ({detail})" if detail else "",
+            tag("span", lib.get("path", ""), class_="sub"),
+        ])))
+    return tag("ul", join(items), class_="libs")
+
+
+# --- runs -------------------------------------------------------------------------------
+
+
+def runs_section(
+    runs: pl.DataFrame, labels: Mapping[tuple[str, str], str], selected: str | None,
+) -> Html:
+    """Every run with its status, newest first; a run that did not succeed shows its error tail."""
+    rows = []
+    classes: list[str | None] = []
+    tails: list[Html | None] = []
+    for r in runs.sort(["started_at", "run_id"], descending=True, nulls_last=True).iter_rows(named=True):
+        mismatches = mismatch_list(r.get("mismatches"))
+        tail = r.get("error_tail") or ""
+        rows.append([
+            join([tag("code", r["run_id"]), " ",
+                  flag("shown above", "ok") if r["run_id"] == selected else ""]),
+            labels.get((r["sweep"], r["cell_id"]), r["cell_id"]),
+            status_flag(r["status"]),
+            num(fmt(r.get("exit_code"))),
+            esc(_when(r.get("started_at"))),
+            num(fmt(r.get("wall_seconds"), 1)),
+            num(fmt(r.get("throughput"), 1)),
+            num(fmt_pct(r.get("accuracy"), 2)),
+            join((flag(f"⚠ {m}", "warn") for m in mismatches), " ") if mismatches else esc(None),
+        ])
+        row_class = r["status"] if r["status"] in _FAILED else "mismatch" if mismatches else None
+        if r["run_id"] == selected:
+            row_class = f"{row_class or ''} selected".strip()
+        classes.append(row_class)
+        tails.append(tag("details", join([
+            tag("summary", f"error tail of {r['run_id']} (last lines of its standard error)"),
+            tag("pre", tail, class_="tail"),
+        ]), open=r["status"] in _FAILED) if tail else None)
+    return section(
+        "runs", "Runs",
+        "Every run in the report, newest first. A run that did not succeed shows the last "
+        "lines of its standard error. The run id is what matrun report --run takes.",
+        tag("div", table(["run id", "cell", "status", "exit", "started", "wall s",
+                          "images/s", "accuracy", "mismatches"],
+                         rows, row_classes=classes, after=tails, id="runs-table"),
+            class_="scroll"),
+    )
+
+
+def _when(value: Any) -> str | None:
+    if value is None:
+        return None
+    if hasattr(value, "strftime"):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
+# --- the page without data ----------------------------------------------------------------
+
+
+def empty_section(sweep: str | None) -> Html:
+    what = f"in sweep {sweep!r}" if sweep else "in the warehouse"
+    return tag("section", join([
+        tag("h2", f"No runs yet {what}."),
+        tag("p", "Run a sweep (matrun sweep) or load result bundles (matrun ingest DIR), "
+                 "then build this report again.", class_="lead"),
+    ]), class_="empty", id="empty")
