@@ -29,7 +29,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 MatrixArg = Annotated[Path, typer.Argument(help="The matrix file.", show_default=True)]
@@ -46,7 +46,7 @@ def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except MatrunError as exc:
-            err.print(f"Error: {exc}", markup=False, highlight=False)
+            typer.echo(f"Error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper
@@ -87,7 +87,7 @@ def plan(
         table.add_row(row["cell_id"], *[str(row[k]) for k in footer["varying"]], row["env_id"],
                       f"{row['done']}/{footer['repeats']}", _seconds(row["estimate_s"]))
     out.print(table)
-    out.print(f"{footer['runs']} runs: {footer['done']} done, {footer['todo']} to run; "
+    typer.echo(f"{footer['runs']} runs: {footer['done']} done, {footer['todo']} to run; "
               f"estimated time for the rest: {_seconds(footer['estimate_s']) if footer['estimate_s'] else 'unknown (no earlier runs)'}")
 
 
@@ -111,10 +111,10 @@ def sweep(
     def on_event(event: Any) -> None:
         nonlocal task
         if event.kind == "message":
-            err.print(event.text, markup=False, highlight=False)
+            typer.echo(event.text, err=True)
         elif event.kind == "plan":
             note = f" (estimated {_seconds(event.estimate_s)})" if event.estimate_s else ""
-            err.print(f"{event.text}{note}", markup=False, highlight=False)
+            typer.echo(f"{event.text}{note}", err=True)
             task = progress.add_task("sweep", total=event.total)
             progress.start()
         elif event.kind == "run-start":
@@ -130,9 +130,9 @@ def sweep(
     finally:
         progress.stop()
     counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.by_status.items())) or "nothing to run"
-    out.print(f"sweep {summary.sweep}: {summary.ran} runs ({counts}); {summary.skipped_done} already done")
+    typer.echo(f"sweep {summary.sweep}: {summary.ran} runs ({counts}); {summary.skipped_done} already done")
     for line in summary.not_ingested:
-        err.print(f"warning: not ingested: {line} (the bundle is on disk; run `matrun ingest`)", markup=False)
+        typer.echo(f"warning: not ingested: {line} (the bundle is on disk; run `matrun ingest`)", err=True)
     if summary.by_status.get("ok", 0) < summary.ran:
         raise typer.Exit(1)
 
@@ -154,7 +154,7 @@ def status(matrix: MatrixArg = Path("matrix.toml")) -> None:
     for r in rows:
         table.add_row(r["cell_id"], r["label"], f"{r['ok']}/{counts['repeats']}", r["last_status"], str(r["attempts"]))
     out.print(table)
-    out.print(", ".join(f"{k}: {v}" for k, v in counts.items() if k not in ("sweep",)))
+    typer.echo(", ".join(f"{k}: {v}" for k, v in counts.items() if k not in ("sweep",)))
 
 
 @app.command()
@@ -171,11 +171,11 @@ def ingest(
         if not p.exists():
             raise InputError(f"{p}: no such file or directory")
     report = do_ingest(paths, warehouse=_warehouse(warehouse), wait_s=wait)
-    out.print(report.summary(), markup=False, highlight=False)
+    typer.echo(report.summary())
     for path, reason in report.skipped:
-        err.print(f"skipped {path}: {reason}", markup=False, highlight=False)
+        typer.echo(f"skipped {path}: {reason}", err=True)
     for path in report.incomplete:
-        err.print(f"incomplete (no result.json yet): {path}", markup=False, highlight=False)
+        typer.echo(f"incomplete (no result.json yet): {path}", err=True)
 
 
 @app.command()
@@ -206,7 +206,7 @@ def query(
         for r in rows:
             table.add_row(*["NULL" if v is None else str(v) for v in r])
         out.print(table)
-        out.print(f"{len(rows)} rows")
+        typer.echo(f"{len(rows)} rows")
 
 
 @app.command()
@@ -221,7 +221,7 @@ def report(
     from matrun.reports.build import build_report
 
     index = build_report(warehouse=_warehouse(warehouse), out_dir=out_dir, run_id=run, sweep=sweep_name)
-    out.print(f"report: {index.resolve()}")
+    typer.echo(f"report: {index.resolve()}")
 
 
 @app.command()
@@ -237,8 +237,8 @@ def envs(
     if build:
         m = load_matrix(matrix)
         for fw, variant in sorted({(c.values["framework"], c.values["variant"]) for c in m.cells}):
-            env = ensure_env(fw, variant, log=lambda t: err.print(t, markup=False))
-            out.print(f"{env.spec.env_id}: {env.path}")
+            env = ensure_env(fw, variant, log=lambda t: typer.echo(t, err=True))
+            typer.echo(f"{env.spec.env_id}: {env.path}")
     table = Table(title="environments")
     for col in ("env id", "framework", "variant", "version", "python", "path"):
         table.add_column(col)

@@ -88,7 +88,7 @@ def load_matrix(path: Path) -> Matrix:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise MatrixError(f"{path.name}: invalid TOML: {exc}") from None
-    return parse_matrix(doc, path=path)
+    return parse_matrix(doc, path=path.resolve())
 
 
 def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:

@@ -118,8 +118,10 @@ def done_runs(warehouse: Path) -> dict[tuple[str, int], dict[str, Any]]:
     from matrun.warehouse.db import open_warehouse
 
     with open_warehouse(warehouse, read_only=True, wait_s=30) as wh:
-        rows = wh.con.execute("SELECT cell_id, repeat, attempts, last_status, ok FROM cell_status").fetchall()
-    return {(r[0], r[1]): {"attempts": r[2], "last_status": r[3], "ok": bool(r[4])} for r in rows}
+        rows = wh.con.execute(
+            "SELECT cell_id, repeat, attempts, last_status, ok, max_attempt FROM cell_status").fetchall()
+    return {(r[0], r[1]): {"attempts": r[2], "last_status": r[3], "ok": bool(r[4]), "max_attempt": r[5]}
+            for r in rows}
 
 
 def durations(warehouse: Path) -> dict[str, float]:

@@ -71,9 +71,9 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
 
     with _sweep_lock(sweep_dir, matrix.sweep.name):
         _catch_up(sweep_dir, matrix, emit)
-        done = {} if force else done_runs(matrix.sweep.warehouse)
+        done = done_runs(matrix.sweep.warehouse)
         todo = [(pc, r) for r in range(matrix.sweep.repeats) for pc in cells
-                if not done.get((pc.cell_id, r), {}).get("ok")]
+                if force or not done.get((pc.cell_id, r), {}).get("ok")]
         summary.planned = len(cells) * matrix.sweep.repeats
         summary.skipped_done = summary.planned - len(todo)
         known = durations(matrix.sweep.warehouse)
@@ -87,17 +87,20 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
         host = host_info()
         for pc, repeat in todo:
             emit(SweepEvent("run-start", cell=pc, repeat=repeat))
-            outcome = _run_one(runner, matrix, pc, repeat, data_dir, host, summary)
+            # Attempts count across sweeps: the same cell may have run in another sweep's folder.
+            earlier = done.get((pc.cell_id, repeat), {}).get("max_attempt") or 0
+            outcome = _run_one(runner, matrix, pc, repeat, earlier, data_dir, host, summary)
             summary.ran += 1
             summary.by_status[outcome.status] = summary.by_status.get(outcome.status, 0) + 1
             emit(SweepEvent("run-end", cell=pc, repeat=repeat, outcome=outcome))
     return summary
 
 
-def _run_one(runner, matrix: Matrix, pc: PlannedCell, repeat: int, data_dir: Path,
+def _run_one(runner, matrix: Matrix, pc: PlannedCell, repeat: int, earlier_attempt: int, data_dir: Path,
              host: dict[str, Any], summary: SweepSummary) -> RunOutcome:
     results = matrix.sweep.results
-    key = RunKey(matrix.sweep.name, pc.cell_id, repeat, next_attempt(results, matrix.sweep.name, pc.cell_id, repeat))
+    attempt = max(next_attempt(results, matrix.sweep.name, pc.cell_id, repeat), earlier_attempt + 1)
+    key = RunKey(matrix.sweep.name, pc.cell_id, repeat, attempt)
     run_dir = key.directory(results)
     run_dir.mkdir(parents=True)
     params = pc.params

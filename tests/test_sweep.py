@@ -160,7 +160,7 @@ warmup_steps = 1
 threads = 1
 [[zip]]
 seed = [1, 2, 3]
-synthetic_train = [128, 60000, 128]
+synthetic_train = [128, 60000, 160]
 """)
     sweep = subprocess.Popen([*MATRUN, "sweep"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     results = tmp_path / "results" / "resume"
@@ -170,7 +170,11 @@ synthetic_train = [128, 60000, 128]
             monitors = [m for m in results.glob("*/*/monitor.jsonl") if not (m.parent / "result.json").exists()]
             return monitors[0] if len(done) == 1 and monitors and monitors[0].stat().st_size > 0 else None
 
-        monitor = _wait_for(second_running, 120, "the second cell to start")
+        try:
+            monitor = _wait_for(second_running, 120, "the second cell to start")
+        except AssertionError:
+            sweep.kill()
+            raise AssertionError(sweep.communicate()[1].decode()) from None
         time.sleep(1.0)
         cell_pid = json.loads(monitor.read_text().splitlines()[0])["pid"]
         sweep.send_signal(signal.SIGKILL)
@@ -255,3 +259,18 @@ def test_ingest_cli_reports_corrupt_bundles_and_loads_the_rest(tmp_path):
     assert sql(tmp_path / "w.duckdb", "SELECT cell_id FROM runs") == [("a" * 16,)]
     matrun("ingest", "results", "--warehouse", "w.duckdb", cwd=tmp_path)
     assert sql(tmp_path / "w.duckdb", "SELECT count(*) FROM runs") == [(1,)]
+
+
+@pytest.mark.slow
+def test_same_cell_in_two_sweeps_and_force(tmp_path, torch_env):
+    cell = ('[fixed]\ndataset = "synthetic"\nsynthetic_train = 64\nsynthetic_test = 32\n'
+            'batch_size = 32\nwarmup_steps = 1\nthreads = 1\n')
+    (tmp_path / "a.toml").write_text('[sweep]\nname = "a"\n' + cell)
+    (tmp_path / "b.toml").write_text('[sweep]\nname = "b"\n' + cell)
+    assert "sweep a: 1 runs (1 ok); 0 already done" in matrun("sweep", "a.toml", cwd=tmp_path).stdout
+    # Done-ness follows the cell's identity, whichever sweep ran it.
+    assert "sweep b: 0 runs (nothing to run); 1 already done" in matrun("sweep", "b.toml", cwd=tmp_path).stdout
+    # --force runs it again as the next attempt: a new run, never a clash with sweep a's.
+    assert "sweep b: 1 runs (1 ok)" in matrun("sweep", "b.toml", "--force", cwd=tmp_path).stdout
+    assert sql(tmp_path / "matrun.duckdb", "SELECT sweep, attempt, status FROM runs ORDER BY attempt") == [
+        ("a", 1, "ok"), ("b", 2, "ok")]

@@ -49,6 +49,7 @@ def cell_environment(params: Mapping[str, Any], pythonpath: Path,
 
 
 def harness_command(python: Path, run_dir: Path) -> list[str]:
+    run_dir = run_dir.absolute()
     return [str(python), "-m", "matrun.runner.harness", "--spec", str(run_dir / SPEC), "--out", str(run_dir)]
 
 

@@ -4,6 +4,7 @@ SELECT
     cell_id,
     "repeat",
     count(*)                        AS attempts,
+    max(attempt)                    AS max_attempt,
     arg_max(status, attempt)        AS last_status,
     bool_or(status = 'ok')          AS ok
 FROM runs
