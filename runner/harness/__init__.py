@@ -1,0 +1,228 @@
+"""The in-cell harness: runs one cell inside a framework environment and writes events.
+
+Launched by the host as ``python -m matrun.runner.harness --spec DIR/spec.json --out DIR``
+(see ``__main__``); ``run_cell`` is the same thing as a function.  It reads ``spec.json``,
+checks it, applies the framework's switches through the framework's adapter, probes what
+is really in force, loads the data, trains, evaluates and writes ``events.jsonl``
+(docs/BUNDLE.md, docs/HARNESS.md).
+
+This package runs where nothing of matrun's host side is installed: it imports the
+standard library, its own modules and, inside an adapter, the framework.  Nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+HARNESS_VERSION = "1.0"
+SCHEMA_VERSION = 1
+UNSET = "unset"
+OPTIMIZERS = ("sgd", "adam")
+MODES = ("train",)
+
+
+class HarnessError(Exception):
+    """A failure the user can act on (missing data, unusable device); exit code 1."""
+
+
+class SpecError(HarnessError):
+    """``spec.json`` is unreadable, of an unknown version, or asks for something unknown; exit code 2."""
+
+
+class DataError(HarnessError):
+    """A dataset is missing or its files are not what they claim to be."""
+
+
+# --- spec.json -------------------------------------------------------------------------
+
+
+def _show(value: Any) -> str:
+    """A value as JSON would spell it, for messages."""
+    text = json.dumps(value) if isinstance(value, (str, bool)) or value is None else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int_at_least(minimum: int) -> Callable[[Any], str | None]:
+    words = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
+
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+        return None if ok else f"expected {words}, got {_show(value)}"
+
+    return check
+
+
+def _number_at_least(minimum: float, *, strict: bool) -> Callable[[Any], str | None]:
+    words = f"a number {'>' if strict else '>='} {minimum:g}"
+
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            return f"expected {words}, got {_show(value)}"
+        ok = value > minimum if strict else value >= minimum
+        return None if ok and value != float("inf") else f"expected {words}, got {_show(value)}"
+
+    return check
+
+
+def _string(value: Any) -> str | None:
+    return None if isinstance(value, str) else f"expected a string, got {_show(value)}"
+
+
+def _boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"expected true or false, got {_show(value)}"
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if value in options and isinstance(value, str):
+            return None
+        return f"expected one of {', '.join(json.dumps(o) for o in options)}, got {_show(value)}"
+
+    return check
+
+
+def _threads(value: Any) -> str | None:
+    if value == UNSET or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return None
+    return f'expected a positive integer or "unset", got {_show(value)}'
+
+
+def _shape(value: Any) -> str | None:
+    if (isinstance(value, list) and len(value) == 3
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)):
+        return None
+    return f"expected [channels, height, width] (three positive integers), got {_show(value)}"
+
+
+def _epochs(value: Any) -> str | None:
+    return None if value is None else _int_at_least(1)(value)
+
+
+def _cpuset(value: Any) -> str | None:
+    from .probe import parse_cpuset
+
+    if not isinstance(value, str):
+        return f"expected a CPU list such as \"0-1,3\" or \"\", got {_show(value)}"
+    try:
+        parse_cpuset(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+# Every key of ``params`` the harness reads, with its check (None: fine, else the problem).
+# Keys that are not listed (``timeout``, future host-side settings) are ignored.
+PARAM_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "framework": _string,
+    "variant": _string,
+    "device": _string,
+    "mode": _choice(MODES),
+    "model": _string,
+    "dataset": _string,
+    "synthetic_shape": _shape,
+    "synthetic_classes": _int_at_least(2),
+    "synthetic_train": _int_at_least(1),
+    "synthetic_test": _int_at_least(1),
+    "train_limit": _int_at_least(0),
+    "test_limit": _int_at_least(0),
+    "epochs": _epochs,
+    "iterations": _int_at_least(0),
+    "batch_size": _int_at_least(1),
+    "eval_batch_size": _int_at_least(1),
+    "optimizer": _choice(OPTIMIZERS),
+    "lr": _number_at_least(0.0, strict=True),
+    "momentum": _number_at_least(0.0, strict=False),
+    "weight_decay": _number_at_least(0.0, strict=False),
+    "warmup_steps": _int_at_least(0),
+    "threads": _threads,
+    "interop_threads": _threads,
+    "cpuset": _cpuset,
+    "onednn": _boolean,
+    "seed": _int_at_least(0),
+}
+
+
+def load_spec(path: Path) -> dict[str, Any]:
+    """Read and check ``spec.json``; raise ``SpecError`` naming the file and the key path."""
+    from .adapters import known_frameworks
+    from .data import DATASETS
+
+    try:
+        spec = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise SpecError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(spec, dict):
+        raise SpecError(f"{path}: expected a JSON object, got {type(spec).__name__}")
+    version = spec.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise SpecError(f"{path}: unknown schema_version {_show(version)} "
+                        f"(this harness reads {SCHEMA_VERSION}); rebuild the environment with this matrun")
+    for key, check in (("data_dir", _string), ("params", None)):
+        if key not in spec:
+            raise SpecError(f"{path}: [{key}] is missing")
+        problem = check(spec[key]) if check else (
+            None if isinstance(spec[key], dict) else f"expected an object, got {_show(spec[key])}")
+        if problem:
+            raise SpecError(f"{path}: [{key}] {problem}")
+    params = spec["params"]
+    for key, check in PARAM_CHECKS.items():
+        if key not in params:
+            raise SpecError(f"{path}: [params -> {key}] is missing")
+        problem = check(params[key])
+        if problem:
+            raise SpecError(f"{path}: [params -> {key}] {problem}")
+    if params["framework"] not in known_frameworks():
+        raise SpecError(f"{path}: [params -> framework] unknown framework {_show(params['framework'])} "
+                        f"(this harness knows {', '.join(known_frameworks())})")
+    if params["dataset"] not in DATASETS:
+        raise SpecError(f"{path}: [params -> dataset] unknown dataset {_show(params['dataset'])} "
+                        f"(expected one of {', '.join(DATASETS)})")
+    if params["iterations"] == 0 and params["epochs"] is None:
+        raise SpecError(f"{path}: [params -> epochs] must be a positive integer when iterations is 0")
+    return spec
+
+
+# --- one run ---------------------------------------------------------------------------
+
+
+def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None) -> dict[str, Any]:
+    """Run the cell that ``spec_path`` describes, write ``out_dir/events.jsonl``, return the summary.
+
+    ``started`` is the ``time.perf_counter()`` reading taken when the harness started (it
+    anchors ``time_to_first_step``); by default, now.  Raises ``SpecError`` before anything
+    is written when the spec is bad, ``HarnessError`` (or anything else) once running, in
+    which case the events written so far stay on disk.
+    """
+    from . import adapters, data, probe
+    from .events import EventLog
+
+    started = time.perf_counter() if started is None else started
+    spec = load_spec(spec_path)
+    params = spec["params"]
+    adapter = adapters.load(params["framework"])
+    problem = adapter.check(params)
+    if problem:
+        raise SpecError(f"{spec_path}: {problem}")
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with EventLog(out_dir / "events.jsonl", warmup_steps=params["warmup_steps"], started=started,
+                  harness_version=HARNESS_VERSION) as log:
+        adapter.configure(params)
+        log.emit("probe", **probe.collect(adapter.NAME, params, adapter.probe(params)))
+
+        t0 = time.perf_counter()
+        dataset = data.load(params, Path(spec["data_dir"]))
+        log.emit("data", dataset=dataset.name, train_size=dataset.train.count,
+                 test_size=dataset.test.count, shape=list(dataset.shape), classes=dataset.classes,
+                 load_seconds=time.perf_counter() - t0)
+
+        outcome = adapter.train(params, dataset, log)
+        summary = log.summary(diverged=outcome.diverged, notes=outcome.notes)
+        log.emit("end", t=time.time())
+    return summary

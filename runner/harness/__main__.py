@@ -1,0 +1,50 @@
+"""``python -m matrun.runner.harness --spec DIR/spec.json --out DIR``: run one cell.
+
+Exit codes: 0 the run finished (a diverged run included: the host decides the status);
+2 the spec is bad, unknown or asks for what this harness cannot do (message on stderr,
+nothing written); 1 any other failure (traceback and an ``Error:`` line on stderr; the
+events written so far stay in ``events.jsonl``); 143 killed by SIGTERM (the buffered
+steps are written first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from . import SpecError, run_cell
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    parser = argparse.ArgumentParser(
+        prog="python -m matrun.runner.harness",
+        description="Run one matrun cell inside a framework environment and write events.jsonl.")
+    parser.add_argument("--spec", required=True, type=Path, help="the cell's spec.json (docs/BUNDLE.md)")
+    parser.add_argument("--out", required=True, type=Path, help="directory to write events.jsonl into")
+    args = parser.parse_args(argv)
+    # A TERM (the host's timeout) unwinds normally, so the buffered steps reach the file.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        summary = run_cell(spec_path=args.spec, out_dir=args.out, started=started)
+    except SpecError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # recorded by the host as a failed run, never a crash of the host
+        traceback.print_exc()
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    accuracy = summary["accuracy"]
+    print(f"done: train {summary['train_seconds']:.2f} s, throughput {summary['throughput'] or 0:.1f} images/s, "
+          f"accuracy {'diverged' if accuracy is None else f'{accuracy:.4f}'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

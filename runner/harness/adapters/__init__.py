@@ -1,0 +1,75 @@
+"""Framework adapters, looked up by framework name.
+
+An adapter is one module that implements the ``Adapter`` protocol below; adding a framework
+is one module here plus one line in ``ADAPTERS``.  The harness calls, in this order:
+
+1. ``check(params)`` -> ``None`` or a problem, e.g. ``"[params -> model] ..."``: what this
+   framework cannot run (unknown model, input too small).  A problem is a bad spec (exit 2),
+   reported before anything is written.
+2. ``configure(params)``: apply the thread counts, math-library switches and seed; it runs
+   before any parallel work, and never raises for a switch that did not take (``probe``
+   reports it as a mismatch).
+3. ``probe(params)`` -> dict with ``framework_version``, ``build`` (free text), ``in_force``
+   (``threads``, ``interop_threads``, ``onednn``, ``device``, and whatever else the
+   framework can tell) and ``mismatches`` (``"threads: asked 2, in force 1"``).  The harness
+   adds the Python version, CPU affinity, loaded libraries and the cpuset check.
+4. ``train(params, dataset, log)`` -> ``TrainOutcome``: build the model, emit ``model``, train
+   and evaluate, appending one ``(epoch, t_start, t_end, images)`` tuple per optimizer step
+   to ``log.steps`` and calling ``log.epoch(...)`` once per epoch.  The harness writes the
+   summary from what was logged.
+
+An adapter usually imports its framework at module level (or inside ``configure`` when a
+switch must be set before the import); this module imports an adapter only when it is
+looked up, so reading a spec needs no framework.  docs/HARNESS.md has the details.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .. import HarnessError
+
+if TYPE_CHECKING:
+    from ..data import Dataset
+    from ..events import EventLog
+
+# framework name (``params.framework``) -> module in this package
+ADAPTERS = {"torch": "pytorch"}
+
+
+@dataclass
+class TrainOutcome:
+    """What ``train`` tells the harness beyond the events it logged."""
+
+    diverged: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+class Adapter(Protocol):
+    NAME: str
+
+    def check(self, params: dict[str, Any]) -> str | None: ...
+
+    def configure(self, params: dict[str, Any]) -> None: ...
+
+    def probe(self, params: dict[str, Any]) -> dict[str, Any]: ...
+
+    def train(self, params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome: ...
+
+
+def known_frameworks() -> list[str]:
+    return sorted(ADAPTERS)
+
+
+def load(framework: str) -> Adapter:
+    """The adapter module of ``framework``; HarnessError when the framework cannot be imported."""
+    if framework not in ADAPTERS:
+        raise HarnessError(f"unknown framework {framework!r} (this harness knows {', '.join(known_frameworks())})")
+    try:
+        module: ModuleType = importlib.import_module(f"{__name__}.{ADAPTERS[framework]}")
+    except ImportError as exc:
+        raise HarnessError(f"framework {framework!r} cannot be imported in this environment: {exc}") from exc
+    return module  # type: ignore[return-value]  # a module that implements the protocol

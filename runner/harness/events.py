@@ -1,0 +1,131 @@
+"""``events.jsonl``: the harness's record of one run (docs/BUNDLE.md), and its summary.
+
+The file starts with a header line (``schema_version`` 1), then one JSON object a line.
+Steps are the hot path: an adapter appends one tuple per optimizer step to ``log.steps``
+(nothing else: no I/O, no dict, no formatting while it trains) and the tuples are written
+when the epoch's record is written, just before it.  The file is flushed after every
+record that is not a step (a handful per epoch) and when the log is closed, so a crash
+loses at most the current epoch's steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Iterable
+
+SCHEMA_VERSION = 1
+
+# One optimizer step as an adapter records it: (epoch, perf_counter at start, perf_counter
+# at end, images in the batch).  The global step number is the tuple's index in the list.
+StepSample = tuple[int, float, float, int]
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+class EventLog:
+    """Writes ``events.jsonl`` and keeps what the summary is computed from.
+
+    ``warmup_steps``: the first that many steps of the run (not of each epoch) are
+    ``warmup``, the rest ``timed``.  ``started``: ``time.perf_counter()`` when the harness
+    started, the origin of ``time_to_first_step``.
+    """
+
+    def __init__(self, path: Path, *, warmup_steps: int, started: float, harness_version: str) -> None:
+        self.path = Path(path)
+        self.steps: list[StepSample] = []
+        self.epochs: list[dict[str, Any]] = []
+        self.warmup_steps = warmup_steps
+        self.started = started
+        self._steps_written = 0
+        self._file = open(self.path, "w", encoding="utf-8")
+        self.emit("header", schema_version=SCHEMA_VERSION, harness_version=harness_version, t=time.time())
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Write the steps not written yet and close the file (safe to call twice)."""
+        if not self._file.closed:
+            self.write_steps()
+            self._file.close()
+
+    def emit(self, type_: str, **fields: Any) -> dict[str, Any]:
+        """Write one record now and flush; NaN and infinities become null."""
+        record = finite({"type": type_, **fields})
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        return record
+
+    def write_steps(self) -> None:
+        """Write the step records buffered since the last call (no flush)."""
+        lines = []
+        for index in range(self._steps_written, len(self.steps)):
+            epoch, t_start, t_end, images = self.steps[index]
+            phase = "warmup" if index < self.warmup_steps else "timed"
+            lines.append(json.dumps({"type": "step", "epoch": epoch, "step": index, "phase": phase,
+                                     "seconds": t_end - t_start, "images": images}))
+        if lines:
+            self._file.write("\n".join(lines) + "\n")
+        self._steps_written = len(self.steps)
+
+    def epoch(self, *, epoch: int, steps: int, train_loss: float | None, train_accuracy: float | None,
+              test_loss: float | None, test_accuracy: float | None, epoch_seconds: float,
+              test_seconds: float | None) -> dict[str, Any]:
+        """Write the epoch's buffered steps, then its record (which flushes)."""
+        self.write_steps()
+        record = self.emit("epoch", epoch=epoch, steps=steps, train_loss=train_loss,
+                           train_accuracy=train_accuracy, test_loss=test_loss,
+                           test_accuracy=test_accuracy, epoch_seconds=epoch_seconds,
+                           test_seconds=test_seconds)
+        self.epochs.append(record)
+        return record
+
+    def summary(self, *, diverged: bool, notes: Iterable[str] = ()) -> dict[str, Any]:
+        """Compute and write the ``summary`` record from the steps and epochs recorded."""
+        notes = list(notes)
+        self.write_steps()
+        warmup = self.steps[:self.warmup_steps]
+        timed = self.steps[self.warmup_steps:]
+        rated = timed
+        if not timed and self.steps:
+            rated = self.steps
+            notes.append(f"no timed steps (all {len(self.steps)} steps are warm-up): "
+                         "throughput is the median over all steps, warm-up included")
+        last = self.epochs[-1] if self.epochs else {}
+        fields: dict[str, Any] = {
+            "train_seconds": sum(e["epoch_seconds"] for e in self.epochs),
+            "test_seconds": last.get("test_seconds"),
+            "accuracy": None if diverged else last.get("test_accuracy"),
+            "throughput": throughput(rated),
+            "time_to_first_step": self.steps[0][2] - self.started if self.steps else None,
+            "timed_steps": len(timed),
+            "warmup_steps": len(warmup),
+            "diverged": diverged,
+        }
+        if notes:
+            fields["notes"] = notes
+        return self.emit("summary", **fields)
+
+
+def throughput(steps: list[StepSample]) -> float | None:
+    """Median over ``steps`` of images/seconds (None for no steps)."""
+    rates = [images / max(t_end - t_start, 1e-12) for _, t_start, t_end, images in steps]
+    return statistics.median(rates) if rates else None

@@ -1,0 +1,499 @@
+"""The in-cell harness: data loaders in-process, and real runs of the harness in the torch venv.
+
+The harness must work where nothing of matrun's host side is installed, so every run here
+goes through a real subprocess of the torch environment's Python, with ``PYTHONPATH``
+pointing at a stage directory that holds only the installed ``matrun`` package root and
+its ``runner`` folder (the same thing the host launchers do).
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import matrun
+import matrun.runner
+from matrun.runner import harness
+from matrun.runner.harness import DataError, SpecError, data, load_spec
+from matrun.runner.harness.events import EventLog, throughput
+
+HARNESS_DIR = Path(harness.__file__).parent
+
+BASE_PARAMS: dict[str, Any] = {
+    "framework": "torch", "variant": "cpu", "device": "cpu", "mode": "train",
+    "model": "lenet5", "dataset": "synthetic",
+    "synthetic_shape": [1, 28, 28], "synthetic_classes": 10,
+    "synthetic_train": 512, "synthetic_test": 128,
+    "train_limit": 0, "test_limit": 0,
+    "epochs": 3, "iterations": 0,
+    "batch_size": 32, "eval_batch_size": 100,
+    "optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0,
+    "warmup_steps": 5, "threads": 1, "interop_threads": "unset",
+    "cpuset": "", "onednn": True, "seed": 0,
+}
+
+# docs/BUNDLE.md, events.jsonl: the keys of each record type
+EVENT_KEYS = {
+    "header": {"schema_version", "harness_version", "t"},
+    "probe": {"framework", "framework_version", "python", "in_force", "build", "libraries", "mismatches"},
+    "data": {"dataset", "train_size", "test_size", "shape", "classes", "load_seconds"},
+    "model": {"name", "parameters"},
+    "step": {"epoch", "step", "phase", "seconds", "images"},
+    "epoch": {"epoch", "steps", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
+              "epoch_seconds", "test_seconds"},
+    "summary": {"train_seconds", "test_seconds", "accuracy", "throughput", "time_to_first_step",
+                "timed_steps", "warmup_steps", "diverged"},
+    "end": {"t"},
+}
+IN_FORCE_KEYS = {"threads", "interop_threads", "affinity", "onednn", "device"}
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def build_stage(root: Path) -> Path:
+    """A PYTHONPATH entry holding the installed ``matrun`` root and its ``runner`` folder only."""
+    package = root / "matrun"
+    package.mkdir(parents=True)
+    shutil.copy(matrun.__file__, package / "__init__.py")
+    (package / "runner").symlink_to(Path(matrun.runner.__file__).parent, target_is_directory=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_stage(tmp_path_factory.mktemp("stage"))
+
+
+def write_spec(run_dir: Path, data_dir: Path | str = "/nonexistent", **params: Any) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"schema_version": 1, "sweep": "test", "cell_id": "0123456789abcdef", "repeat": 0,
+            "attempt": 1, "env_id": "torch-cpu-test", "data_dir": str(data_dir),
+            "params": {**BASE_PARAMS, **params}}
+    path = run_dir / "spec.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    return path
+
+
+def run_harness(python: Path, stage: Path, spec: Path, *, threads: Any = 1) -> subprocess.CompletedProcess[str]:
+    """Launch the harness as the host does: thread variables set, PYTHONPATH at the stage."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(stage)
+    if threads != "unset":
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[var] = str(threads)
+    return subprocess.run([str(python), "-m", "matrun.runner.harness", "--spec", str(spec),
+                           "--out", str(spec.parent)], capture_output=True, text=True, env=env,
+                          cwd=spec.parent, timeout=120)
+
+
+def events_of(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "events.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def only(events: list[dict[str, Any]], type_: str) -> dict[str, Any]:
+    found = [e for e in events if e["type"] == type_]
+    assert len(found) == 1, f"{len(found)} {type_} records"
+    return found[0]
+
+
+def write_idx(path: Path, magic: int, dims: tuple[int, ...], payload: bytes, *, gz: bool) -> Path:
+    """An IDX file in the official format: magic, big-endian uint32 dimensions, bytes."""
+    raw = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims) + payload
+    if gz:
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(raw))
+    else:
+        path.write_bytes(raw)
+    return path
+
+
+def make_idx_dataset(root: Path, *, n_train: int = 6, n_test: int = 4, side: int = 4, gz: bool) -> Path:
+    folder = root / "fashion-mnist"
+    folder.mkdir(parents=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        pixels = bytes((i * 7 + (prefix == "t10k")) % 256 for i in range(n * side * side))
+        write_idx(folder / f"{prefix}-images-idx3-ubyte", 0x803, (n, side, side), pixels, gz=gz)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte", 0x801, (n,), bytes(i % 10 for i in range(n)), gz=gz)
+    return folder
+
+
+# --- data, in process ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["raw", "gz"])
+def test_idx_dataset_loads_and_limits(tmp_path: Path, gz: bool) -> None:
+    make_idx_dataset(tmp_path, gz=gz)
+    params = {**BASE_PARAMS, "dataset": "fashion-mnist"}
+    ds = data.load(params, tmp_path)
+    assert (ds.name, ds.shape, ds.classes) == ("fashion-mnist", (1, 4, 4), 10)
+    assert (ds.train.count, ds.test.count) == (6, 4)
+    assert ds.train.images == bytes(i * 7 % 256 for i in range(6 * 16))
+    assert list(ds.train.labels) == [0, 1, 2, 3, 4, 5]
+
+    limited = data.load({**params, "train_limit": 2, "test_limit": 3}, tmp_path)
+    assert (limited.train.count, limited.test.count) == (2, 3)
+    assert limited.train.images == ds.train.images[:32]
+    assert list(limited.test.labels) == [0, 1, 2]
+
+
+def test_idx_bad_magic_number(tmp_path: Path) -> None:
+    path = write_idx(tmp_path / "x-images-idx3-ubyte", 0x802, (1, 2, 2), bytes(4), gz=False)
+    with pytest.raises(DataError) as err:
+        data.read_idx(path, magic=data.IDX_IMAGES_MAGIC)
+    assert str(err.value) == (f"{path}: bad magic number 0x00000802, expected 0x00000803 "
+                              "(an IDX file of unsigned bytes with 3 dimension(s))")
+
+
+def test_idx_truncated_raw_file(tmp_path: Path) -> None:
+    make_idx_dataset(tmp_path, gz=False)
+    path = tmp_path / "fashion-mnist" / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(DataError) as err:
+        data.load({**BASE_PARAMS, "dataset": "fashion-mnist"}, tmp_path)
+    assert str(err.value) == f"{path}: truncated: dimensions 6×4×4 need 96 bytes of data, the file has 95"
+
+
+def test_idx_truncated_gzip_stream(tmp_path: Path) -> None:
+    make_idx_dataset(tmp_path, gz=True)
+    path = tmp_path / "fashion-mnist" / "train-labels-idx1-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(DataError, match=r"cannot read: .*\(truncated or not gzip\?\)"):
+        data.load({**BASE_PARAMS, "dataset": "fashion-mnist"}, tmp_path)
+
+
+def test_idx_label_count_must_match_images(tmp_path: Path) -> None:
+    folder = make_idx_dataset(tmp_path, gz=False)
+    write_idx(folder / "t10k-labels-idx1-ubyte", 0x801, (3,), bytes(3), gz=False)
+    with pytest.raises(DataError, match="holds 4 images but .* holds 3 labels"):
+        data.load({**BASE_PARAMS, "dataset": "fashion-mnist"}, tmp_path)
+
+
+def test_missing_dataset_names_path_and_package(tmp_path: Path) -> None:
+    with pytest.raises(DataError) as err:
+        data.load({**BASE_PARAMS, "dataset": "mnist"}, tmp_path)
+    message = str(err.value)
+    assert str(tmp_path / "mnist") in message
+    assert ("install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) "
+            "or put the IDX files there") in message
+
+
+def test_synthetic_is_deterministic_and_class_dependent() -> None:
+    one = data.synthetic((1, 16, 16), classes=3, train=300, test=40, seed=7)
+    two = data.synthetic((1, 16, 16), classes=3, train=300, test=40, seed=7)
+    other = data.synthetic((1, 16, 16), classes=3, train=300, test=40, seed=8)
+    assert one == two
+    assert one.train.images != other.train.images
+    assert len(one.train.images) == 300 * 256 and one.train.count == 300
+    assert set(one.train.labels) == {0, 1, 2}
+    # the test split does not depend on the size of the training split
+    assert data.synthetic((1, 16, 16), classes=3, train=10, test=40, seed=7).test == one.test
+    # each class has its own mean image: the per-class means differ by far more than noise
+    means = []
+    for label in range(3):
+        rows = [one.train.images[i * 256:(i + 1) * 256] for i, y in enumerate(one.train.labels) if y == label]
+        means.append([sum(r[p] for r in rows) / len(rows) for p in range(256)])
+    gap = sum(abs(a - b) for a, b in zip(means[0], means[1])) / 256
+    assert gap > 10
+
+
+def test_synthetic_honours_limits() -> None:
+    ds = data.load({**BASE_PARAMS, "train_limit": 100, "test_limit": 10}, Path("/nonexistent"))
+    assert (ds.train.count, ds.test.count, ds.shape) == (100, 10, (1, 28, 28))
+
+
+# --- events and spec, in process -------------------------------------------------------
+
+
+def test_event_log_buffers_steps_until_the_epoch(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    with EventLog(path, warmup_steps=1, started=0.0, harness_version="t") as log:
+        log.steps.append((0, 1.0, 1.5, 10))
+        log.steps.append((0, 2.0, 2.25, 10))
+        assert len(path.read_text().splitlines()) == 1  # header only: steps wait for the epoch
+        log.epoch(epoch=0, steps=2, train_loss=float("nan"), train_accuracy=0.5, test_loss=1.0,
+                  test_accuracy=0.5, epoch_seconds=3.0, test_seconds=0.5)
+        summary = log.summary(diverged=True)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["type"] for r in records] == ["header", "step", "step", "epoch", "summary"]
+    assert [r["phase"] for r in records[1:3]] == ["warmup", "timed"]
+    assert records[3]["train_loss"] is None
+    assert summary["throughput"] == 40.0 and summary["time_to_first_step"] == 1.5
+    assert summary["accuracy"] is None and summary["train_seconds"] == 3.0
+
+
+def test_throughput_without_timed_steps_says_so(tmp_path: Path) -> None:
+    with EventLog(tmp_path / "e.jsonl", warmup_steps=5, started=0.0, harness_version="t") as log:
+        log.steps.extend([(0, 0.0, 1.0, 10), (0, 1.0, 1.5, 10)])
+        summary = log.summary(diverged=False)
+    assert summary["throughput"] == throughput(log.steps) == 15.0
+    assert summary["timed_steps"] == 0 and summary["warmup_steps"] == 2
+    assert "no timed steps" in summary["notes"][0]
+
+
+def test_spec_errors_name_the_key(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "a")
+    assert load_spec(spec)["params"]["model"] == "lenet5"
+
+    params = dict(BASE_PARAMS)
+    del params["batch_size"]
+    spec.write_text(json.dumps({"schema_version": 1, "data_dir": "/d", "params": params}))
+    with pytest.raises(SpecError) as err:
+        load_spec(spec)
+    assert str(err.value) == f"{spec}: [params -> batch_size] is missing"
+
+    with pytest.raises(SpecError) as err:
+        load_spec(write_spec(tmp_path / "b", batch_size="big"))
+    assert str(err.value) == f'{tmp_path / "b" / "spec.json"}: [params -> batch_size] expected a positive integer, got "big"'
+
+    with pytest.raises(SpecError, match=r'\[params -> framework\] unknown framework "caffe" \(this harness knows torch\)'):
+        load_spec(write_spec(tmp_path / "c", framework="caffe"))
+
+    spec.write_text(json.dumps({"schema_version": 9, "data_dir": "/d", "params": BASE_PARAMS}))
+    with pytest.raises(SpecError, match=r"unknown schema_version 9 \(this harness reads 1\)"):
+        load_spec(spec)
+
+    with pytest.raises(SpecError, match=r"\[params -> cpuset\] CPU range \"3-1\" runs backwards"):
+        load_spec(write_spec(tmp_path / "d", cpuset="3-1"))
+
+
+def test_harness_imports_only_stdlib_torch_and_itself() -> None:
+    allowed = set(sys.stdlib_module_names) | {"torch", "threadpoolctl"}
+    for path in sorted(HARNESS_DIR.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+
+
+# --- real runs in the torch environment -------------------------------------------------
+
+
+@pytest.mark.slow
+def test_lenet5_parameter_count(torch_python: Path, stage: Path) -> None:
+    code = (
+        "from matrun.runner.harness.adapters.pytorch import lenet5, parameter_count\n"
+        "print(parameter_count(lenet5((1, 28, 28), 10)), parameter_count(lenet5((3, 32, 32), 10)))\n"
+        "try:\n    lenet5((1, 11, 28), 10)\nexcept Exception as exc:\n    print(exc)\n"
+    )
+    out = subprocess.run([str(torch_python), "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(stage)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    counts, error = out.stdout.splitlines()
+    # 1×28×28: 156 + 2,416 + 48,120 + 10,164 + 850; 3×32×32: 456 + 2,416 + 69,240 + 10,164 + 850
+    assert counts == "61706 83126"
+    assert error == "lenet5 needs images of at least 12×12 pixels, got 11×28"
+
+
+@pytest.mark.slow
+def test_synthetic_run_writes_every_event(torch_python: Path, stage: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "run")
+    out = run_harness(torch_python, stage, spec)
+    assert out.returncode == 0, out.stderr
+    events = events_of(tmp_path / "run")
+
+    types = [e["type"] for e in events]
+    assert types[:4] == ["header", "probe", "data", "model"] and types[-2:] == ["summary", "end"]
+    assert set(types[4:-2]) == {"step", "epoch"}
+    for event in events:
+        assert EVENT_KEYS[event["type"]] <= set(event), event["type"]
+    assert events[0]["schema_version"] == 1
+
+    probe = only(events, "probe")
+    assert probe["framework"] == "torch" and probe["framework_version"].startswith("2.")
+    assert IN_FORCE_KEYS <= set(probe["in_force"])
+    assert probe["in_force"]["threads"] == 1 and probe["mismatches"] == []
+    assert probe["in_force"]["affinity"] == sorted(os.sched_getaffinity(0))
+    assert "PyTorch built with" in probe["build"]
+    assert any(lib["name"].startswith("libgomp") for lib in probe["libraries"])
+
+    assert only(events, "data") | {"load_seconds": 0} == {
+        "type": "data", "dataset": "synthetic", "train_size": 512, "test_size": 128,
+        "shape": [1, 28, 28], "classes": 10, "load_seconds": 0}
+    assert only(events, "model") == {"type": "model", "name": "lenet5", "parameters": 61706}
+
+    steps = [e for e in events if e["type"] == "step"]
+    epochs = [e for e in events if e["type"] == "epoch"]
+    assert len(steps) == 3 * 16 and [e["steps"] for e in epochs] == [16, 16, 16]
+    assert [s["step"] for s in steps] == list(range(48))
+    assert [s["phase"] for s in steps] == ["warmup"] * 5 + ["timed"] * 43
+    assert all(s["seconds"] > 0 and s["images"] == 32 for s in steps)
+    for epoch in epochs:
+        assert 0 <= epoch["train_accuracy"] <= 1 and 0 <= epoch["test_accuracy"] <= 1
+
+    summary = only(events, "summary")
+    assert (summary["timed_steps"], summary["warmup_steps"], summary["diverged"]) == (43, 5, False)
+    assert summary["throughput"] > 0 and 0 < summary["time_to_first_step"] < 60
+    assert summary["train_seconds"] == pytest.approx(sum(e["epoch_seconds"] for e in epochs))
+    assert summary["test_seconds"] == epochs[-1]["test_seconds"]
+    assert summary["accuracy"] == epochs[-1]["test_accuracy"] > 0.5  # learnable, well above 1/10
+    assert "notes" not in summary
+
+
+@pytest.mark.slow
+def test_fashion_mnist_slice_learns(torch_python: Path, stage: Path, fashion_mnist_root: Path,
+                                    tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, fashion_mnist_root, dataset="fashion-mnist", train_limit=2000,
+                      test_limit=500, epochs=1, optimizer="adam", lr=0.001, threads=2,
+                      eval_batch_size=500)
+    out = run_harness(torch_python, stage, spec, threads=2)
+    assert out.returncode == 0, out.stderr
+    events = events_of(tmp_path)
+    assert only(events, "data")["train_size"] == 2000 and only(events, "data")["test_size"] == 500
+    assert only(events, "probe")["in_force"]["threads"] == 2
+    summary = only(events, "summary")
+    assert summary["accuracy"] > 0.5
+    assert summary["timed_steps"] + summary["warmup_steps"] == 63  # 2000 / 32, last batch of 16 kept
+    assert [e["images"] for e in events if e["type"] == "step"][-1] == 16
+
+
+@pytest.mark.slow
+def test_iterations_mode_runs_exactly_n_steps(torch_python: Path, stage: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, epochs=None, iterations=7, synthetic_train=100, warmup_steps=2)
+    out = run_harness(torch_python, stage, spec)
+    assert out.returncode == 0, out.stderr
+    events = events_of(tmp_path)
+    steps = [e for e in events if e["type"] == "step"]
+    assert len(steps) == 7
+    assert [(e["epoch"], e["steps"]) for e in events if e["type"] == "epoch"] == [(0, 4), (1, 3)]
+    assert [s["images"] for s in steps] == [32, 32, 32, 4, 32, 32, 32]
+    summary = only(events, "summary")
+    assert (summary["timed_steps"], summary["warmup_steps"]) == (5, 2)
+
+
+@pytest.mark.slow
+def test_huge_learning_rate_diverges(torch_python: Path, stage: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, lr=1e8, synthetic_train=256)
+    out = run_harness(torch_python, stage, spec)
+    assert out.returncode == 0, out.stderr
+    events = events_of(tmp_path)
+    epochs = [e for e in events if e["type"] == "epoch"]
+    assert len(epochs) == 1 and epochs[0]["train_loss"] is None  # stopped after the first epoch
+    summary = only(events, "summary")
+    assert summary["diverged"] is True and summary["accuracy"] is None
+    assert summary["notes"] == ["training loss became nan in epoch 0; stopped"]
+    assert events[-1]["type"] == "end"
+
+
+@pytest.mark.slow
+def test_bad_spec_exits_2_before_writing(torch_python: Path, stage: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "fw", framework="caffe")
+    out = run_harness(torch_python, stage, spec)
+    assert out.returncode == 2
+    assert out.stderr == (f'Error: {spec}: [params -> framework] unknown framework "caffe" '
+                          "(this harness knows torch)\n")
+    assert not (spec.parent / "events.jsonl").exists()
+
+    spec = write_spec(tmp_path / "key")
+    params = json.loads(spec.read_text())
+    del params["params"]["seed"]
+    spec.write_text(json.dumps(params))
+    out = run_harness(torch_python, stage, spec)
+    assert (out.returncode, out.stderr) == (2, f"Error: {spec}: [params -> seed] is missing\n")
+
+    spec = write_spec(tmp_path / "shape", synthetic_shape=[1, 8, 8])
+    out = run_harness(torch_python, stage, spec)
+    assert (out.returncode, out.stderr.splitlines()[-1]) == (
+        2, f"Error: {spec}: [params -> synthetic_shape] lenet5 needs images of at least 12×12 pixels, got 8×8")
+
+
+@pytest.mark.slow
+def test_unavailable_device_fails_with_a_recorded_mismatch(torch_python: Path, stage: Path,
+                                                           tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, device="cuda")
+    out = run_harness(torch_python, stage, spec)
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[-1].startswith(
+        "Error: device 'cuda' was asked but CUDA is not available in this environment")
+    events = events_of(tmp_path)
+    assert [e["type"] for e in events] == ["header", "probe", "data"]
+    assert "device: asked cuda, in force cpu" in only(events, "probe")["mismatches"]
+
+
+@pytest.mark.slow
+def test_missing_data_fails_with_exit_1(torch_python: Path, stage: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "run", tmp_path / "empty", dataset="fashion-mnist")
+    out = run_harness(torch_python, stage, spec)
+    assert out.returncode == 1
+    assert "Traceback" in out.stderr
+    assert out.stderr.splitlines()[-1] == (
+        f"Error: dataset directory not found: {tmp_path / 'empty' / 'fashion-mnist'} (expected "
+        f"{tmp_path / 'empty' / 'fashion-mnist' / 'train-images-idx3-ubyte'}[.gz] and the other IDX files); "
+        "install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) or put the IDX files there")
+    assert [e["type"] for e in events_of(tmp_path / "run")] == ["header", "probe"]
+
+
+@pytest.mark.slow
+def test_sigterm_keeps_the_buffered_steps(torch_python: Path, stage: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, epochs=10_000)
+    env = {**os.environ, "PYTHONPATH": str(stage), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([str(torch_python), "-m", "matrun.runner.harness", "--spec", str(spec),
+                             "--out", str(tmp_path)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        events_file = tmp_path / "events.jsonl"
+        deadline = time.monotonic() + 60
+        while not (events_file.exists() and '"epoch"' in events_file.read_text()):
+            assert time.monotonic() < deadline, "no epoch record within 60 s"
+            time.sleep(0.05)
+        time.sleep(0.05)  # into the next epoch: some steps are buffered, not yet written
+        proc.terminate()
+        assert proc.wait(timeout=30) == 143
+    finally:
+        proc.kill()
+    events = events_of(tmp_path)  # every line is whole JSON
+    types = [e["type"] for e in events]
+    assert "summary" not in types and types.count("epoch") >= 1
+    steps = [e["step"] for e in events if e["type"] == "step"]
+    assert steps == list(range(len(steps)))
+
+
+@pytest.mark.slow
+def test_harness_runs_without_host_dependencies(torch_python: Path, stage: Path) -> None:
+    code = (
+        "import sys\n"
+        "from matrun.runner.harness import run_cell, data, events, probe\n"
+        "from matrun.runner.harness.adapters import pytorch\n"
+        "from matrun.runner.harness.__main__ import main\n"
+        "host = {'typer', 'rich', 'duckdb', 'polars', 'pyarrow', 'plotly', 'psutil', 'pydantic'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in host))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('matrun')\n"
+        "             and not m.startswith('matrun.runner.harness') and m not in ('matrun', 'matrun.runner')))\n"
+        "try:\n    import typer\nexcept ImportError:\n    print('no typer')\n"
+    )
+    out = subprocess.run([str(torch_python), "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(stage)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "[]", "no typer"]
+
+
+def test_cpuset_parsing_and_formatting() -> None:
+    from matrun.runner.harness.probe import format_cpuset, parse_cpuset
+
+    assert parse_cpuset("0-1,3") == {0, 1, 3} and parse_cpuset("") == set()
+    assert format_cpuset([3, 0, 1, 5, 6, 7]) == "0-1,3,5-7"
+    with pytest.raises(ValueError):
+        parse_cpuset("a-b")
+
+
+def test_labels_are_int64_arrays() -> None:
+    ds = data.synthetic((1, 12, 12), classes=300, train=50, test=5, seed=0)
+    assert isinstance(ds.train.labels, array) and ds.train.labels.typecode == "q"
+    assert max(ds.train.labels) < 300
