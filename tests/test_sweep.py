@@ -274,3 +274,45 @@ def test_same_cell_in_two_sweeps_and_force(tmp_path, torch_env):
     assert "sweep b: 1 runs (1 ok)" in matrun("sweep", "b.toml", "--force", cwd=tmp_path).stdout
     assert sql(tmp_path / "matrun.duckdb", "SELECT sweep, attempt, status FROM runs ORDER BY attempt") == [
         ("a", 1, "ok"), ("b", 2, "ok")]
+
+
+@pytest.mark.slow
+def test_sigterm_cancels_the_running_cell_and_keeps_finished_runs(tmp_path, torch_env):
+    (tmp_path / "matrix.toml").write_text("""
+[sweep]
+name = "term"
+[fixed]
+dataset = "synthetic"
+synthetic_test = 64
+epochs = 1
+batch_size = 32
+warmup_steps = 1
+threads = 1
+[[zip]]
+seed = [1, 2]
+synthetic_train = [128, 60000]
+""")
+    sweep = subprocess.Popen([*MATRUN, "sweep"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    results = tmp_path / "results" / "term"
+    try:
+        monitor = _wait_for(lambda: next((m for m in results.glob("*/*/monitor.jsonl")
+                                          if not (m.parent / "result.json").exists() and m.stat().st_size
+                                          and len(list(results.glob("*/*/result.json"))) == 1), None),
+                            120, "the second cell to start")
+        cell_pid = json.loads(monitor.read_text().splitlines()[0])["pid"]
+        sweep.send_signal(signal.SIGTERM)
+        assert sweep.wait(20) != 0
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        sweep.communicate()
+    assert not Path(f"/proc/{cell_pid}").exists()
+    result = json.loads((monitor.parent / "result.json").read_text())
+    assert result["status"] == "cancelled"
+    statuses = sorted(json.loads(p.read_text())["status"] for p in results.glob("*/*/result.json"))
+    assert statuses == ["cancelled", "ok"]
+    # The next sweep ingests the cancelled run and runs that cell again.
+    resumed = matrun("sweep", cwd=tmp_path)
+    assert "sweep term: 1 runs (1 ok); 1 already done" in resumed.stdout
+    assert sql(tmp_path / "matrun.duckdb", "SELECT status, attempt FROM runs ORDER BY status, attempt") == [
+        ("cancelled", 1), ("ok", 1), ("ok", 2)]
