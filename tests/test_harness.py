@@ -497,3 +497,22 @@ def test_labels_are_int64_arrays() -> None:
     ds = data.synthetic((1, 12, 12), classes=300, train=50, test=5, seed=0)
     assert isinstance(ds.train.labels, array) and ds.train.labels.typecode == "q"
     assert max(ds.train.labels) < 300
+
+
+def test_spec_as_the_host_writes_it_is_accepted(tmp_path: Path) -> None:
+    """The host's canonical form nulls what a cell does not use (docs/BUNDLE.md)."""
+    from matrun.runner.matrix import parse_matrix
+
+    (cell,) = parse_matrix({"fixed": {"dataset": "fashion-mnist", "optimizer": "adam", "iterations": 9}},
+                           path=Path("matrix.toml")).cells
+    params = dict(cell.values)
+    assert params["synthetic_shape"] is None and params["momentum"] is None and params["epochs"] is None
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"schema_version": 1, "sweep": "s", "cell_id": "c", "repeat": 0, "attempt": 1,
+                                "env_id": "e", "data_dir": "/d", "params": params}))
+    assert load_spec(spec)["params"] == params
+    # A null where the cell does use the key is still an error.
+    params["optimizer"] = "sgd"
+    spec.write_text(json.dumps({"schema_version": 1, "data_dir": "/d", "params": params}))
+    with pytest.raises(SpecError, match=r"\[params -> momentum\]"):
+        load_spec(spec)

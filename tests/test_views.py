@@ -36,7 +36,7 @@ CONTRACT = {
                     "train_seconds, test_seconds, accuracy, throughput, time_to_first_step, "
                     "cpu_user_avg, cpu_system_avg, cpu_total_avg, iowait_avg, rss_avg_bytes, "
                     "rss_peak_bytes, mismatches",
-    "cell_status": "cell_id, repeat, attempts, last_status, ok",
+    "cell_status": "cell_id, repeat, attempts, max_attempt, last_status, ok",
     "cell_durations": "cell_id, runs, wall_seconds_median",
     "baseline": "sweep, cell_id, framework, variant, model, dataset, threads, batch_size, epochs, "
                 "runs, train_s_median, train_s_min, train_s_max, test_s_median, accuracy_median, "
@@ -146,12 +146,12 @@ def test_epoch_curve_over_ok_runs(study: Path) -> None:
 
 def test_cell_status_and_durations(study: Path) -> None:
     assert query(study, "SELECT * FROM cell_status ORDER BY cell_id, repeat") == [
-        {"cell_id": A, "repeat": 0, "attempts": 1, "last_status": "ok", "ok": True},
-        {"cell_id": A, "repeat": 1, "attempts": 1, "last_status": "ok", "ok": True},
-        {"cell_id": A, "repeat": 2, "attempts": 2, "last_status": "ok", "ok": True},
-        {"cell_id": B, "repeat": 0, "attempts": 1, "last_status": "ok", "ok": True},
-        {"cell_id": C, "repeat": 0, "attempts": 1, "last_status": "failed", "ok": False},
-        {"cell_id": D, "repeat": 0, "attempts": 2, "last_status": "oom", "ok": False},
+        {"cell_id": A, "repeat": 0, "attempts": 1, "max_attempt": 1, "last_status": "ok", "ok": True},
+        {"cell_id": A, "repeat": 1, "attempts": 1, "max_attempt": 1, "last_status": "ok", "ok": True},
+        {"cell_id": A, "repeat": 2, "attempts": 2, "max_attempt": 2, "last_status": "ok", "ok": True},
+        {"cell_id": B, "repeat": 0, "attempts": 1, "max_attempt": 1, "last_status": "ok", "ok": True},
+        {"cell_id": C, "repeat": 0, "attempts": 1, "max_attempt": 1, "last_status": "failed", "ok": False},
+        {"cell_id": D, "repeat": 0, "attempts": 2, "max_attempt": 2, "last_status": "oom", "ok": False},
     ]
     assert query(study, "SELECT * FROM cell_durations ORDER BY cell_id") == [
         {"cell_id": A, "runs": 3, "wall_seconds_median": 20.0},

@@ -145,6 +145,16 @@ PARAM_CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
+def _unused_keys(params: dict[str, Any]) -> set[str]:
+    """Keys the host sets to null because the cell does not use them (docs/BUNDLE.md)."""
+    unused = set()
+    if params.get("dataset") != "synthetic":
+        unused |= {"synthetic_shape", "synthetic_classes", "synthetic_train", "synthetic_test"}
+    if params.get("optimizer") != "sgd":
+        unused.add("momentum")
+    return unused
+
+
 def load_spec(path: Path) -> dict[str, Any]:
     """Read and check ``spec.json``; raise ``SpecError`` naming the file and the key path."""
     from .adapters import known_frameworks
@@ -170,9 +180,12 @@ def load_spec(path: Path) -> dict[str, Any]:
         if problem:
             raise SpecError(f"{path}: [{key}] {problem}")
     params = spec["params"]
+    unused = _unused_keys(params)
     for key, check in PARAM_CHECKS.items():
         if key not in params:
             raise SpecError(f"{path}: [params -> {key}] is missing")
+        if key in unused and params[key] is None:
+            continue
         problem = check(params[key])
         if problem:
             raise SpecError(f"{path}: [params -> {key}] {problem}")
