@@ -123,7 +123,7 @@ def sweep(
             o = event.outcome
             progress.advance(task)
             line = f"{o.status:>9}  {event.cell.cell_id}  repeat {event.repeat}  {o.wall_seconds:7.1f}s  {event.cell.cell.label}"
-            progress.console.print(line, markup=False, highlight=False)
+            progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     try:
         summary = run_sweep(matrix_path=matrix, where=where, force=force, executor=executor, on_event=on_event)
