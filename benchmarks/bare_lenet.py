@@ -38,10 +38,11 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     order = torch.randperm(len(x))
+    xs, ys = x[order], y[order]  # shuffled once per epoch, then sliced: as the harness does
     rates = []
     for step in range(steps):
-        idx_ = order[(step * batch) % len(x):][:batch]
-        xb, yb = x[idx_], y[idx_]
+        start = (step * batch) % len(x)
+        xb, yb = xs[start:start + batch], ys[start:start + batch]
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(xb), yb)

@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
     a = parser.parse_args()
     python = ensure_env("torch", "cpu").python
-    ratios = []
+    ratios, sweeps, bares = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "matrix.toml").write_text(MATRIX.format(data=a.data, steps=a.steps, warmup=a.warmup,
@@ -84,9 +84,16 @@ def main() -> None:
                 b = bare(python, a.data, a.threads, a.batch, a.steps, a.warmup)
                 s = through_sweep(work)
             ratios.append(s / b)
+            sweeps.append(s)
+            bares.append(b)
             order = "sweep,bare" if pair % 2 == 0 else "bare,sweep"
             print(f"{pair + 1:>4} {order:>12} {s:>12.0f} {b:>11.0f} {s / b:>7.3f}")
     print(f"median ratio sweep/bare over {a.pairs} pairs: {statistics.median(ratios):.3f} (target >= 0.98)")
+    # On this VM a training process lands in one of two speed modes (about 8.0k or 10.8k img/s
+    # for threads 1, batch 64), bare loop and harness alike; a pair that straddles the modes
+    # says nothing about the harness.  Best-of-N compares the fast modes of both sides.
+    print(f"best-of-{a.pairs} ratio sweep/bare: {max(sweeps) / max(bares):.3f}; "
+          f"ratio of medians: {statistics.median(sweeps) / statistics.median(bares):.3f}")
 
 
 if __name__ == "__main__":
