@@ -87,8 +87,13 @@ def plan(
         table.add_row(row["cell_id"], *[str(row[k]) for k in footer["varying"]], row["env_id"],
                       f"{row['done']}/{footer['repeats']}", _seconds(row["estimate_s"]))
     out.print(table)
-    typer.echo(f"{footer['runs']} runs: {footer['done']} done, {footer['todo']} to run; "
-              f"estimated time for the rest: {_seconds(footer['estimate_s']) if footer['estimate_s'] else 'unknown (no earlier runs)'}")
+    if not footer["todo"]:
+        rest = "nothing left to run"
+    elif footer["estimate_s"]:
+        rest = f"estimated time for the rest: {_seconds(footer['estimate_s'])}"
+    else:
+        rest = "estimated time for the rest: unknown (no earlier runs)"
+    typer.echo(f"{footer['runs']} runs: {footer['done']} done, {footer['todo']} to run; {rest}")
 
 
 @app.command()
