@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -94,6 +95,9 @@ def test_sweep_ingest_query_report_and_skip_done(tmp_path, torch_env):
 
     # Changing one parameter of one cell re-runs only that cell.
     (tmp_path / "matrix.toml").write_text(TINY.replace("threads = [1, 2]", "threads = [1, 2]\n[[include]]\nthreads = 2\nseed = 5"))
+    # The plan estimates the rest from the earlier runs' wall times.
+    replan = matrun("plan", cwd=tmp_path).stdout
+    assert re.search(r"6 runs: 4 done, 2 to run; estimated time for the rest: 0m\d\ds", replan), replan
     third = matrun("sweep", cwd=tmp_path)
     assert "sweep tiny: 2 runs (2 ok); 4 already done" in third.stdout
 
