@@ -28,19 +28,14 @@ from matrun.runner import harness
 from matrun.runner.harness import DataError, SpecError, data, load_spec
 from matrun.runner.harness.events import EventLog, throughput
 
+from bundle_factory import DEFAULT_PARAMS
+
 HARNESS_DIR = Path(harness.__file__).parent
 
+# The factory's defaults, on small synthetic data: a harness run of a few seconds.
 BASE_PARAMS: dict[str, Any] = {
-    "framework": "torch", "variant": "cpu", "device": "cpu", "mode": "train",
-    "model": "lenet5", "dataset": "synthetic",
-    "synthetic_shape": [1, 28, 28], "synthetic_classes": 10,
-    "synthetic_train": 512, "synthetic_test": 128,
-    "train_limit": 0, "test_limit": 0,
-    "epochs": 3, "iterations": 0,
-    "batch_size": 32, "eval_batch_size": 100,
-    "optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0,
-    "warmup_steps": 5, "threads": 1, "interop_threads": "unset",
-    "cpuset": "", "onednn": True, "seed": 0,
+    **DEFAULT_PARAMS, "dataset": "synthetic", "synthetic_train": 512, "synthetic_test": 128,
+    "epochs": 3, "batch_size": 32, "eval_batch_size": 100, "lr": 0.05, "warmup_steps": 5,
 }
 
 # docs/BUNDLE.md, events.jsonl: the keys of each record type

@@ -149,12 +149,9 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.slow
-def test_sigkill_mid_cell_then_resume(tmp_path, torch_env):
-    # Three cells, the middle one slow enough to be killed inside it.
-    (tmp_path / "matrix.toml").write_text("""
+SLOW_SECOND_CELL = """
 [sweep]
-name = "resume"
+name = "{name}"
 [fixed]
 dataset = "synthetic"
 synthetic_test = 64
@@ -163,17 +160,28 @@ batch_size = 32
 warmup_steps = 1
 threads = 1
 [[zip]]
-seed = [1, 2, 3]
-synthetic_train = [128, 60000, 160]
-""")
-    sweep = subprocess.Popen([*MATRUN, "sweep"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    results = tmp_path / "results" / "resume"
-    try:
-        def second_running():
-            done = list(results.glob("*/*/result.json"))
-            monitors = [m for m in results.glob("*/*/monitor.jsonl") if not (m.parent / "result.json").exists()]
-            return monitors[0] if len(done) == 1 and monitors and monitors[0].stat().st_size > 0 else None
+seed = {seeds}
+synthetic_train = {sizes}
+"""
 
+
+def interrupt_second_cell(tmp_path: Path, name: str, sig: int, *, cells: int) -> tuple[subprocess.Popen, Path, int]:
+    """Start `matrun sweep` on cells whose second one is slow; send ``sig`` while it runs.
+
+    Returns the sweep process (ended), the interrupted run's directory and its cell's pid.
+    """
+    sizes = [128, 60000, 160][:cells]
+    (tmp_path / "matrix.toml").write_text(SLOW_SECOND_CELL.format(name=name, seeds=list(range(1, cells + 1)),
+                                                                  sizes=sizes))
+    sweep = subprocess.Popen([*MATRUN, "sweep"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    results = tmp_path / "results" / name
+
+    def second_running():
+        done = list(results.glob("*/*/result.json"))
+        monitors = [m for m in results.glob("*/*/monitor.jsonl") if not (m.parent / "result.json").exists()]
+        return monitors[0] if len(done) == 1 and monitors and monitors[0].stat().st_size > 0 else None
+
+    try:
         try:
             monitor = _wait_for(second_running, 120, "the second cell to start")
         except AssertionError:
@@ -181,16 +189,21 @@ synthetic_train = [128, 60000, 160]
             raise AssertionError(sweep.communicate()[1].decode()) from None
         time.sleep(1.0)
         cell_pid = json.loads(monitor.read_text().splitlines()[0])["pid"]
-        sweep.send_signal(signal.SIGKILL)
-        sweep.wait(10)
+        sweep.send_signal(sig)
+        sweep.wait(20)
     finally:
         if sweep.poll() is None:
             sweep.kill()
         sweep.communicate()
+    return sweep, monitor.parent, cell_pid
+
+
+@pytest.mark.slow
+def test_sigkill_mid_cell_then_resume(tmp_path, torch_env):
+    _, interrupted, cell_pid = interrupt_second_cell(tmp_path, "resume", signal.SIGKILL, cells=3)
     # The cell dies with the sweep (PR_SET_PDEATHSIG), it does not keep training unseen.
     _wait_for(lambda: not Path(f"/proc/{cell_pid}").exists() or
               "Z" in Path(f"/proc/{cell_pid}/stat").read_text().split()[2], 10, "the orphaned cell to die")
-    interrupted = monitor.parent
     assert not (interrupted / "result.json").exists()
 
     resumed = matrun("sweep", cwd=tmp_path)
@@ -282,36 +295,11 @@ def test_same_cell_in_two_sweeps_and_force(tmp_path, torch_env):
 
 @pytest.mark.slow
 def test_sigterm_cancels_the_running_cell_and_keeps_finished_runs(tmp_path, torch_env):
-    (tmp_path / "matrix.toml").write_text("""
-[sweep]
-name = "term"
-[fixed]
-dataset = "synthetic"
-synthetic_test = 64
-epochs = 1
-batch_size = 32
-warmup_steps = 1
-threads = 1
-[[zip]]
-seed = [1, 2]
-synthetic_train = [128, 60000]
-""")
-    sweep = subprocess.Popen([*MATRUN, "sweep"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    sweep, interrupted, cell_pid = interrupt_second_cell(tmp_path, "term", signal.SIGTERM, cells=2)
+    assert sweep.returncode != 0
     results = tmp_path / "results" / "term"
-    try:
-        monitor = _wait_for(lambda: next((m for m in results.glob("*/*/monitor.jsonl")
-                                          if not (m.parent / "result.json").exists() and m.stat().st_size
-                                          and len(list(results.glob("*/*/result.json"))) == 1), None),
-                            120, "the second cell to start")
-        cell_pid = json.loads(monitor.read_text().splitlines()[0])["pid"]
-        sweep.send_signal(signal.SIGTERM)
-        assert sweep.wait(20) != 0
-    finally:
-        if sweep.poll() is None:
-            sweep.kill()
-        sweep.communicate()
     assert not Path(f"/proc/{cell_pid}").exists()
-    result = json.loads((monitor.parent / "result.json").read_text())
+    result = json.loads((interrupted / "result.json").read_text())
     assert result["status"] == "cancelled"
     statuses = sorted(json.loads(p.read_text())["status"] for p in results.glob("*/*/result.json"))
     assert statuses == ["cancelled", "ok"]
