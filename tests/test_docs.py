@@ -46,3 +46,16 @@ def test_readme_gives_the_two_commands_and_ci_runs_the_test_one():
     assert "make demo" in readme and "make test" in readme
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert re.search(r"^exec make test$", ci, flags=re.M)
+
+
+def test_the_complete_example_in_the_matrix_docs_expands_as_described(tmp_path):
+    from matrun.runner.matrix import load_matrix
+
+    doc = (ROOT / "docs" / "MATRIX.md").read_text(encoding="utf-8")
+    example = re.search(r"## A complete example\n\n```toml\n(.*?)```", doc, flags=re.S).group(1)
+    path = tmp_path / "matrix.toml"
+    path.write_text(example, encoding="utf-8")
+    m = load_matrix(path)
+    assert "11 cells, 33 runs" in doc
+    assert (len(m.cells), len(m.cells) * m.sweep.repeats) == (11, 33)
+    assert m.cells[-1].values["timeout"] == 1800.0 and m.cells[0].values["timeout"] == 900.0
