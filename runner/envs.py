@@ -24,11 +24,11 @@ from importlib import resources
 from pathlib import Path
 
 from matrun.errors import EnvironmentBuildError, InputError
+from matrun.runner.frameworks import get_framework
 
 # Bump when the spec/events contract between host and harness changes incompatibly.
 HARNESS_PROTOCOL = 1
 MARKER = ".matrun-env.json"
-IMPORT_CHECK = {"torch": "import torch; print(torch.__version__)"}
 
 
 def matrun_home() -> Path:
@@ -102,7 +102,7 @@ def _build(env: Env, *, log) -> None:
     req.write_text(env.spec.requirements, encoding="utf-8")
     _run([str(env.python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
           "-q", "-r", str(req)], "install the pinned requirements", env)
-    check = IMPORT_CHECK.get(env.spec.framework, f"import {env.spec.framework}")
+    check = get_framework(env.spec.framework).import_check
     version = _run([str(env.python), "-c", check], "import the framework", env).strip()
     marker = {"env_id": env.spec.env_id, "framework": env.spec.framework, "variant": env.spec.variant,
               "python": env.spec.python_version, "framework_version": version.splitlines()[-1] if version else ""}

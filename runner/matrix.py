@@ -17,12 +17,16 @@ from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
 from matrun.errors import MatrixError
+from matrun.runner.frameworks import get_framework
+from matrun.runner.harness.models import MODELS as MODEL_ZOO
 from matrun.runner.params import PARAMS, ParamError, show
+from matrun.runner.presets import apply_preset
 
 SECTIONS = ("sweep", "fixed", "axes", "zip", "include", "exclude")
 EXECUTORS = ("auto", "local")
 DEFAULT_MAX_CELLS = 10_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SEQUENTIAL = tuple(name for name, layers in MODEL_ZOO.items() if all(layer[0] != "block" for layer in layers))
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,7 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:
         values.update(fixed)
         values.update(combo)
         try:
-            values = canonical(values)
+            values = canonical(apply_preset(values, explicit=set(fixed) | set(combo)))
         except ParamError as exc:
             if combo:
                 errors.add(where, f"{_describe(combo)}: {exc}")
@@ -151,15 +155,29 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:
 
 
 def canonical(values: dict[str, Any]) -> dict[str, Any]:
-    """Drop what a cell does not use, so that identity ignores meaningless differences."""
+    """Drop what a cell does not use (so identity ignores meaningless differences) and refuse
+    what cannot run as asked."""
     out = dict(values)
     if out["iterations"] > 0:
         out["epochs"] = None
-    if out["optimizer"] != "sgd":
+    if out["mode"] == "inference":
+        for key in ("optimizer", "lr", "momentum", "weight_decay", "epochs"):
+            out[key] = None
+    elif out["optimizer"] != "sgd":
         out["momentum"] = None
     if out["dataset"] != "synthetic":
         for key in ("synthetic_shape", "synthetic_classes", "synthetic_train", "synthetic_test"):
             out[key] = None
+    if out["device"] == "cpu":
+        out["gpus"] = None
+        if out["conv_algo"] == "autotune":
+            raise ParamError("conv_algo = \"autotune\" needs device = \"gpu\" (it selects cuDNN convolution algorithms)")
+    if out["layer_profile"] and out["model"] not in SEQUENTIAL:
+        raise ParamError(f"layer_profile needs a sequential network ({', '.join(SEQUENTIAL)}), "
+                         f"not {out['model']}")
+    reason = get_framework(out["framework"]).refusal(out)
+    if reason:
+        raise ParamError(f"{out['framework']} cannot run this cell: {reason}")
     if out["warmup_steps"] >= _steps_upper_bound(out):
         raise ParamError(f"warmup_steps = {out['warmup_steps']} leaves no timed steps")
     return out

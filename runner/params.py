@@ -11,12 +11,19 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-FRAMEWORKS = ("torch",)
-MODELS = ("lenet5",)
-DATASETS = ("fashion-mnist", "mnist", "synthetic")
-OPTIMIZERS = ("sgd", "adam")
-DEVICES = ("cpu",)
-MODES = ("train",)
+from matrun.runner.frameworks import frameworks
+from matrun.runner.harness.models import MODELS as MODEL_ZOO
+
+FRAMEWORKS = tuple(frameworks())
+MODELS = tuple(MODEL_ZOO)
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic")
+OPTIMIZERS = ("sgd", "adam", "adadelta", "rmsprop")
+DEVICES = ("cpu", "gpu")
+MODES = ("train", "inference")
+LAYOUTS = ("nchw", "nhwc")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+CONV_ALGOS = ("heuristic", "autotune")
+PRESETS = ("none", "framework-default")
 UNSET = "unset"
 
 MAX_THREADS = 1024
@@ -125,9 +132,10 @@ class Param:
 PARAMS: dict[str, Param] = {p.name: p for p in (
     Param("framework", _choice(FRAMEWORKS), "torch", "framework adapter"),
     Param("variant", _variant, "cpu", "environment variant of the framework (images/<framework>/requirements-<variant>.txt)"),
-    Param("device", _choice(DEVICES), "cpu", "device the cell trains on"),
-    Param("mode", _choice(MODES), "train", "what the cell does"),
-    Param("model", _choice(MODELS), "lenet5", "network"),
+    Param("device", _choice(DEVICES), "cpu", "device the cell runs on"),
+    Param("gpus", _int(1, 64), 1, "GPUs used by a gpu cell (single-host data parallel)"),
+    Param("mode", _choice(MODES), "train", "train, or inference (forward passes only, timed per batch)"),
+    Param("model", _choice(MODELS), "lenet5", "network (runner/harness/models.py)"),
     Param("dataset", _choice(DATASETS), "fashion-mnist", "dataset"),
     Param("synthetic_shape", _shape, [1, 28, 28], "[C, H, W] of synthetic samples"),
     Param("synthetic_classes", _int(2, 100_000), 10, "classes of synthetic data"),
@@ -148,9 +156,20 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
     Param("interop_threads", _threads, UNSET, 'inter-op threads, or "unset"'),
     Param("cpuset", _cpuset, "", 'CPUs the cell is pinned to, e.g. "0-1" ("" : no pinning)'),
     Param("onednn", _bool, True, "oneDNN (MKL-DNN) primitives on or off"),
+    Param("layout", _choice(LAYOUTS), "nchw", "data layout of activations"),
+    Param("precision", _choice(PRECISIONS), "fp32", "fp32, tf32, bf16 or fp16 (mixed precision)"),
+    Param("conv_algo", _choice(CONV_ALGOS), "heuristic",
+          "convolution algorithm choice on the GPU: heuristic, or autotune (exhaustive search)"),
+    Param("layer_profile", _bool, False, "also time every layer's forward and backward pass"),
+    Param("preset", _choice(PRESETS), "none",
+          "framework-default: the optimizer, learning rate, batch size and epochs of the "
+          "framework's own official example for the dataset (docs/PRESETS.md)"),
     Param("seed", _int(0, 2**31 - 1), 0, "random seed"),
     Param("timeout", _float(0.0, None, open_min=True, what="a positive number of seconds"), 1800.0,
           "seconds before the cell is killed and recorded as timeout", identity=False),
+    Param("onednn_check", _bool, True,
+          "count the oneDNN primitives that really execute (a short verbose run before the cell)",
+          identity=False),
 )}
 
 

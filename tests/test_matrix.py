@@ -149,7 +149,8 @@ BAD = [
      "matrix.toml: [axes] the matrix expands to 40,000 cells, over the limit of 10,000; "
      "narrow the axes or raise [sweep] max_cells"),
     ("shell metacharacters in a choice", '[fixed]\nmodel = "lenet5; rm -rf ~"\n',
-     'matrix.toml: [fixed -> model] expected one of "lenet5", got "lenet5; rm -rf ~"'),
+     'matrix.toml: [fixed -> model] expected one of "lenet5", "cifar_cnn", "alexnet", "resnet18", "resnet50", '
+     'got "lenet5; rm -rf ~"'),
     ("shell metacharacters in a cpuset", '[fixed]\ncpuset = "0-1 $(touch /tmp/pwned)"\n',
      'matrix.toml: [fixed -> cpuset] expected a CPU list such as "0-3,6" (or "" for no pinning), '
      'got "0-1 $(touch /tmp/pwned)"'),
@@ -181,7 +182,8 @@ BAD = [
     ("no timed steps", "[fixed]\niterations = 5\nwarmup_steps = 5\n",
      "matrix.toml: [fixed] warmup_steps = 5 leaves no timed steps"),
     ("bad include", "[[include]]\ndataset = \"imagenet\"\n",
-     'matrix.toml: [include -> 0 -> dataset] expected one of "fashion-mnist", "mnist", "synthetic", got "imagenet"'),
+     'matrix.toml: [include -> 0 -> dataset] expected one of "fashion-mnist", "mnist", "cifar10", "synthetic", '
+     'got "imagenet"'),
     ("synthetic shape", "[fixed]\ndataset = \"synthetic\"\nsynthetic_shape = [1, 28]\n",
      "matrix.toml: [fixed -> synthetic_shape] expected [channels, height, width], three integers from 1 to 4096, got [1, 28]"),
     ("section of the wrong type", "fixed = 3\n",

@@ -22,12 +22,14 @@ from matrun.runner.bundle import EVENTS, MONITOR, SPEC, STDERR, STDOUT, tail_tex
 from matrun.runner.envs import ensure_env, env_spec, stage_harness
 from matrun.runner.executors.base import RunOutcome, RunRequest
 from matrun.runner.monitor import Monitor
-from matrun.runner.params import UNSET, cpuset_cpus
+from matrun.runner.frameworks import get_framework
+from matrun.runner.params import cpuset_cpus
 
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 # Host variables that would change what runs in the cell; the cell gets only what we set.
-_DROP_PREFIXES = ("PYTHON", "VIRTUAL_ENV", "CONDA", "KMP_", "GOMP_", "MKL_", "DNNL_", "ONEDNN_")
+_DROP_PREFIXES = ("PYTHON", "VIRTUAL_ENV", "CONDA", "KMP_", "GOMP_", "MKL_", "DNNL_", "ONEDNN_",
+                  "TF_", "MXNET_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+_DROP_NAMES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+               "NUMEXPR_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES")
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.05
 
@@ -36,15 +38,15 @@ def cell_environment(params: Mapping[str, Any], pythonpath: Path,
                      base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment variables the cell starts with (exactly; tested)."""
     env = {k: v for k, v in (os.environ if base is None else base).items()
-           if not k.startswith(_DROP_PREFIXES) and k not in THREAD_VARS}
+           if not k.startswith(_DROP_PREFIXES) and k not in _DROP_NAMES}
     env["PYTHONPATH"] = str(pythonpath)
     env["PYTHONNOUSERSITE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONHASHSEED"] = str(params["seed"])
-    threads = params["threads"]
-    if threads != UNSET:
-        for var in THREAD_VARS:
-            env[var] = str(threads)
+    framework = get_framework(params["framework"])
+    for key, value in framework.fixed_env.items():
+        env.setdefault(key, value)  # a host that sets it knows its CPU better
+    env.update(framework.environment(params))
     return env
 
 
