@@ -61,6 +61,7 @@ def make_bundle(
         (0.4, 110.0, 10.0, 0.0, 300_000_000),
     ),
     mismatches: Sequence[str] = (),
+    layers: Sequence[dict[str, Any]] = (),
     hostname: str = "fixture-host",
     with_result: bool = True,
     error_tail: str = "",
@@ -68,7 +69,8 @@ def make_bundle(
 ) -> Path:
     """Write one complete bundle and return its directory.
 
-    ``monitor`` rows are (t, cpu_user, cpu_system, iowait, rss_bytes).  ``throughput``
+    ``monitor`` rows are (t, cpu_user, cpu_system, iowait, rss_bytes).  ``layers`` are
+    layer records (name, kind, forward_seconds, backward_seconds, …) in network order.  ``throughput``
     defaults to the median over the timed steps of images/seconds, as the harness computes.
     The summary's train time is the sum of the epochs' ``epoch_seconds``; its accuracy the
     last epoch's ``test_accuracy``.
@@ -105,6 +107,8 @@ def make_bundle(
                         "seconds": seconds, "images": images_per_step})
     for e, values in enumerate(epochs):
         records.append({"type": "epoch", "epoch": e, "steps": len(step_seconds), **values})
+    for i, layer in enumerate(layers):
+        records.append({"type": "layer", "index": i, "repeats": 20, "params": 0, "flops": 0, **layer})
     if status == "ok":
         records.append({
             "type": "summary",

@@ -202,3 +202,26 @@ def test_provenance(study: Path) -> None:
     assert json.loads(row["libraries"]) == [{"name": "libgomp", "path": "/lib/libgomp.so.1"}]
     assert json.loads(row["mismatches"]) == ["threads: asked 2, in force 1"]
     assert json.loads(rows[f"{A}/0-1"]["mismatches"]) == []
+
+
+def test_layer_breakdown_medians_and_shares(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for repeat, (conv_f, conv_b, fc_f, fc_b) in enumerate([(0.002, 0.004, 0.001, 0.001),
+                                                             (0.004, 0.006, 0.001, 0.003)]):
+        make_bundle(results, cell_id="1a7e000000000001", repeat=repeat, params={"model": "alexnet"},
+                    layers=[{"name": "conv1", "kind": "conv", "forward_seconds": conv_f,
+                             "backward_seconds": conv_b, "params": 34944, "flops": 211120000},
+                            {"name": "fc1", "kind": "dense", "forward_seconds": fc_f,
+                             "backward_seconds": fc_b, "params": 37752832, "flops": 75497472}])
+    make_bundle(results, cell_id="1a7e000000000002", status="failed", exit_code=1,
+                layers=[{"name": "conv1", "kind": "conv", "forward_seconds": 9.0, "backward_seconds": 9.0}])
+    db = tmp_path / "w.duckdb"
+    ingest([results], warehouse=db)
+    rows = query(db, "SELECT name, kind, layer_index, runs, forward_s_median, backward_s_median, "
+                     "total_s_median, round(share, 4) AS share, params FROM layer_breakdown")
+    assert rows == [
+        {"name": "conv1", "kind": "conv", "layer_index": 0, "runs": 2, "forward_s_median": 0.003,
+         "backward_s_median": 0.005, "total_s_median": 0.008, "share": 0.7273, "params": 34944},
+        {"name": "fc1", "kind": "dense", "layer_index": 1, "runs": 2, "forward_s_median": 0.001,
+         "backward_s_median": 0.002, "total_s_median": 0.003, "share": 0.2727, "params": 37752832},
+    ]  # the failed run's layers are left out

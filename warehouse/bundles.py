@@ -45,6 +45,8 @@ _EPOCH_KEYS: _Spec = {"epoch": "int", "steps": "int?", "train_loss": "num?",
 _SUMMARY_KEYS: _Spec = {"train_seconds": "num?", "test_seconds": "num?", "accuracy": "num?",
                         "throughput": "num?", "time_to_first_step": "num?",
                         "timed_steps": "int?", "warmup_steps": "int?", "diverged": "bool?"}
+_LAYER_KEYS: _Spec = {"name": "str", "kind": "str", "index": "int?", "forward_seconds": "num?",
+                      "backward_seconds": "num?", "repeats": "int?", "params": "int?", "flops": "int?"}
 _SAMPLE_KEYS: _Spec = {"t": "num", "cpu_user": "num?", "cpu_system": "num?", "iowait": "num?",
                        "rss_bytes": "int?", "nprocs": "int?"}
 _PHASES = ("warmup", "timed")
@@ -82,6 +84,7 @@ class Bundle:
     model: dict[str, Any] | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
     epochs: list[dict[str, Any]] = field(default_factory=list)
+    layers: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     monitor_header: dict[str, Any] = field(default_factory=dict)
     monitor_samples: list[dict[str, Any]] = field(default_factory=list)
@@ -299,7 +302,7 @@ def _read_events(bundle: Bundle, path: Path, data: bytes | None, *, finished_ok:
         if finished_ok:
             raise BadBundle(path, "is missing or empty, but result.json says status ok")
         return
-    checks = {"step": _STEP_KEYS, "epoch": _EPOCH_KEYS, "summary": _SUMMARY_KEYS}
+    checks = {"step": _STEP_KEYS, "epoch": _EPOCH_KEYS, "summary": _SUMMARY_KEYS, "layer": _LAYER_KEYS}
     for number, record in _jsonl_records(path, data, finished_ok=finished_ok,
                                          warnings=bundle.warnings):
         kind = record.get("type")
@@ -317,6 +320,8 @@ def _read_events(bundle: Bundle, path: Path, data: bytes | None, *, finished_ok:
             bundle.steps.append(record)
         elif kind == "epoch":
             bundle.epochs.append(record)
+        elif kind == "layer":
+            bundle.layers.append(record)
         elif kind == "summary":
             bundle.summary = record
         elif kind == "probe":

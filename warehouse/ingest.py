@@ -53,6 +53,11 @@ EPOCHS_SCHEMA = pa.schema([
     ("test_loss", pa.float64()), ("test_accuracy", pa.float64()),
     ("epoch_seconds", pa.float64()), ("test_seconds", pa.float64()),
 ])
+LAYERS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("name", pa.string()), ("kind", pa.string()), ("index", pa.int32()),
+    ("forward_seconds", pa.float64()), ("backward_seconds", pa.float64()), ("repeats", pa.int32()),
+    ("params", pa.int64()), ("flops", pa.int64()),
+])
 SAMPLES_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("t", pa.float64()), ("cpu_user", pa.float64()),
     ("cpu_system", pa.float64()), ("iowait", pa.float64()), ("rss_bytes", pa.int64()),
@@ -157,7 +162,8 @@ def _select_new(con: duckdb.DuckDBPyConnection, bundles: list[Bundle],
 
 def _insert_all(con: duckdb.DuckDBPyConnection, path: Path, bundles: list[Bundle]) -> None:
     tables = {"runs": _runs_table(bundles), "steps": _steps_table(bundles),
-              "epochs": _epochs_table(bundles), "monitor_samples": _samples_table(bundles)}
+              "epochs": _epochs_table(bundles), "monitor_samples": _samples_table(bundles),
+              "layers": _columns(bundles, "layers", LAYERS_SCHEMA)}
     con.execute("BEGIN TRANSACTION")
     try:
         for name, table in tables.items():
