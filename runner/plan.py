@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from matrun.errors import DataError, InputError
+from matrun.errors import DataError, InputError, MatrunError
 from matrun.runner.matrix import CellParams, Matrix, _plain
 from matrun.runner.params import PARAMS, cpuset_cpus
 
@@ -102,6 +102,12 @@ def preflight(cells: Sequence[PlannedCell], data_dir: Path) -> None:
             raise InputError(f"cell {pc.cell.label}: cpuset {v['cpuset']!r} names CPUs this host "
                              f"does not offer ({', '.join(map(str, sorted(missing)))}); "
                              f"available: {', '.join(map(str, sorted(available)))}")
+    gpus_here = host_gpus()
+    for pc in cells:
+        asked = pc.cell.values["gpus"] or 0
+        if pc.cell.values["device"] == "gpu" and asked > gpus_here:
+            raise MatrunError(f"cell {pc.cell.label}: asks for {asked} GPU(s); this host has {gpus_here} "
+                              "(counted as /dev/nvidia<N> devices); run it on a GPU host or use device = \"cpu\"")
     for dataset in sorted({pc.cell.values["dataset"] for pc in cells} - {"synthetic"}):
         folder = data_dir / dataset
         if not any((folder / f"{IDX_TRAIN}{ext}").is_file() for ext in ("", ".gz")):
@@ -109,6 +115,11 @@ def preflight(cells: Sequence[PlannedCell], data_dir: Path) -> None:
                     if dataset == "fashion-mnist" else f"put the official IDX files in {folder}")
             raise DataError(f"dataset {dataset!r} not found: no {folder / IDX_TRAIN}[.gz]; {hint}, "
                             f"or point [sweep] data_dir / MATRUN_DATA at the directory holding {dataset}/")
+
+
+def host_gpus() -> int:
+    """NVIDIA GPUs this host exposes (character devices /dev/nvidia0, /dev/nvidia1, …)."""
+    return sum(1 for p in Path("/dev").glob("nvidia[0-9]*") if p.name[len("nvidia"):].isdigit())
 
 
 def done_runs(warehouse: Path) -> dict[tuple[str, int], dict[str, Any]]:

@@ -105,3 +105,26 @@ def test_timeout_kills_the_cell_tree(tmp_path, torch_env):
     pid = json.loads((run_dir / MONITOR).read_text().splitlines()[0])["pid"]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_gpu_cell_environment_names_its_gpus():
+    """No GPU here: this is what a 2-GPU cell would be started with (untested on a GPU)."""
+    env = cell_environment(params(device="gpu", gpus=2, threads=4), Path("/stage"),
+                           {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "5,6,7"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["OMP_NUM_THREADS"] == "4"
+
+
+def test_gpu_cells_are_refused_on_a_host_without_gpus(tmp_path):
+    from matrun.errors import MatrunError
+    from matrun.runner.matrix import load_matrix
+    from matrun.runner.plan import host_gpus, plan_cells, preflight
+
+    if host_gpus():
+        pytest.skip("this host has GPUs; the refusal is for hosts without")
+    (tmp_path / "matrix.toml").write_text('[fixed]\ndataset = "synthetic"\ndevice = "gpu"\ngpus = 2\n')
+    cells = plan_cells(load_matrix(tmp_path / "matrix.toml"), lambda fw, v: "env")
+    with pytest.raises(MatrunError) as info:
+        preflight(cells, tmp_path)
+    assert str(info.value) == ("cell framework=torch model=lenet5 dataset=synthetic: asks for 2 GPU(s); this host "
+                               'has 0 (counted as /dev/nvidia<N> devices); run it on a GPU host or use device = "cpu"')

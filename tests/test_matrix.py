@@ -230,3 +230,57 @@ def test_repository_matrix_is_valid():
     repo_matrix = Path(__file__).resolve().parents[1] / "matrix.toml"
     m = load_matrix(repo_matrix)
     assert len(m.cells) == 4 and m.sweep.repeats == 2
+
+
+# -- knobs, presets and what a framework cannot do -------------------------------------------
+
+
+def test_framework_default_preset_fills_only_what_the_matrix_leaves_open(tmp_path):
+    m = load_matrix(write(tmp_path, '[fixed]\npreset = "framework-default"\ndataset = "fashion-mnist"\n'
+                                    "epochs = 2\n"))
+    (cell,) = m.cells
+    # pytorch/examples mnist: Adadelta, lr 1.0, batch 64 — but the matrix's own epochs win.
+    assert (cell.values["optimizer"], cell.values["lr"], cell.values["batch_size"], cell.values["epochs"]) == \
+        ("adadelta", 1.0, 64, 2)
+    assert cell.values["momentum"] is None  # not an SGD cell
+
+
+def test_preset_without_an_example_for_the_dataset(tmp_path):
+    with pytest.raises(MatrixError) as info:
+        load_matrix(write(tmp_path, '[fixed]\npreset = "framework-default"\ndataset = "synthetic"\n'))
+    assert str(info.value) == ('matrix.toml: [fixed] preset "framework-default" has no torch example for '
+                               "dataset 'synthetic' (it has: mnist, fashion-mnist, cifar10)")
+
+
+def test_inference_cells_drop_training_settings(tmp_path):
+    (cell,) = load_matrix(write(tmp_path, '[fixed]\nmode = "inference"\nlr = 0.5\n')).cells
+    assert [cell.values[k] for k in ("optimizer", "lr", "momentum", "weight_decay", "epochs")] == [None] * 5
+
+
+IMPOSSIBLE = [
+    ("fp16 on the CPU", '[fixed]\nprecision = "fp16"\n',
+     "matrix.toml: [fixed] torch cannot run this cell: PyTorch has no fp16 mixed-precision training on the "
+     "CPU (autocast on the CPU is bf16)"),
+    ("tf32 on the CPU", '[axes]\nprecision = ["fp32", "tf32"]\n',
+     'matrix.toml: [axes] {precision = "tf32"}: torch cannot run this cell: TF32 is a feature of NVIDIA '
+     "Ampere and later GPUs"),
+    ("autotune on the CPU", '[fixed]\nconv_algo = "autotune"\n',
+     'matrix.toml: [fixed] conv_algo = "autotune" needs device = "gpu" (it selects cuDNN convolution algorithms)'),
+    ("layer profile of a residual network", '[fixed]\nmodel = "resnet18"\nlayer_profile = true\n',
+     "matrix.toml: [fixed] layer_profile needs a sequential network (lenet5, cifar_cnn, alexnet), not resnet18"),
+]
+
+
+@pytest.mark.parametrize("name, text, message", IMPOSSIBLE, ids=[i[0] for i in IMPOSSIBLE])
+def test_impossible_cells_fail_at_plan_time(tmp_path, name, text, message):
+    with pytest.raises(MatrixError) as info:
+        load_matrix(write(tmp_path, text))
+    assert str(info.value) == message
+
+
+def test_gpu_cells_are_planned_with_their_gpu_count(tmp_path):
+    cells = load_matrix(write(tmp_path, '[fixed]\ndevice = "gpu"\nconv_algo = "autotune"\n'
+                                        'precision = "fp16"\n[axes]\ngpus = [1, 2]\n')).cells
+    assert [(c.values["gpus"], c.values["precision"]) for c in cells] == [(1, "fp16"), (2, "fp16")]
+    (cpu,) = load_matrix(write(tmp_path, "[fixed]\ngpus = 4\n")).cells
+    assert cpu.values["gpus"] is None  # a CPU cell has no GPU count: it does not split identity

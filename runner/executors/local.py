@@ -47,6 +47,8 @@ def cell_environment(params: Mapping[str, Any], pythonpath: Path,
     for key, value in framework.fixed_env.items():
         env.setdefault(key, value)  # a host that sets it knows its CPU better
     env.update(framework.environment(params))
+    if params["device"] == "gpu":  # the first N GPUs; the host's own setting was dropped above
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(params["gpus"]))
     return env
 
 

