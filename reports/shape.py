@@ -18,8 +18,9 @@ from matrun.errors import InputError
 
 # The run_overview parameter columns a label may use, in the order they are shown.
 LABEL_PARAMS: tuple[str, ...] = (
-    "framework", "variant", "model", "dataset", "device", "threads", "batch_size",
-    "epochs", "iterations", "optimizer", "lr", "onednn", "cpuset",
+    "framework", "variant", "model", "dataset", "device", "gpus", "mode", "threads",
+    "interop_threads", "batch_size", "epochs", "iterations", "optimizer", "lr", "onednn",
+    "layout", "precision", "conv_algo", "preset", "cpuset", "seed",
 )
 # What a label shows when nothing varies (a single cell).
 DEFAULT_PARAMS: tuple[str, ...] = ("framework", "model", "dataset")

@@ -33,6 +33,8 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0,
     "warmup_steps": 2, "threads": 1, "interop_threads": "unset",
     "cpuset": "", "onednn": True, "seed": 0,
+    "gpus": None, "layout": "nchw", "precision": "fp32", "conv_algo": "heuristic",
+    "layer_profile": False, "preset": "none", "onednn_check": True,
 }
 
 

@@ -329,10 +329,10 @@ def test_oversized_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     results, wh = tmp_path / "results", tmp_path / "w.duckdb"
     bad = make_bundle(results)
     size = (bad / "events.jsonl").stat().st_size
-    monkeypatch.setattr(bundles_module, "MAX_FILE_BYTES", 1000)
+    monkeypatch.setattr(bundles_module, "MAX_FILE_BYTES", 1200)
     report = ingest([results], warehouse=wh)
     assert report.skipped == [(bad.resolve(), f"events.jsonl: is {size} bytes, over the "
-                                              "1000 bytes limit for a bundle file")]
+                                              "1200 bytes limit for a bundle file")]
 
 
 def test_missing_path_is_an_input_error(tmp_path: Path) -> None:

@@ -35,7 +35,8 @@ CONTRACT = {
                     "epochs, iterations, optimizer, lr, onednn, cpuset, started_at, wall_seconds, "
                     "train_seconds, test_seconds, accuracy, throughput, time_to_first_step, "
                     "cpu_user_avg, cpu_system_avg, cpu_total_avg, iowait_avg, rss_avg_bytes, "
-                    "rss_peak_bytes, mismatches",
+                    "rss_peak_bytes, mismatches, mode, layout, precision, conv_algo, gpus, interop_threads, "
+                    "preset, seed, inference_seconds, peak_device_memory_bytes, onednn_primitives",
     "cell_status": "cell_id, repeat, attempts, max_attempt, last_status, ok",
     "cell_durations": "cell_id, runs, wall_seconds_median",
     "baseline": "sweep, cell_id, framework, variant, model, dataset, threads, batch_size, epochs, "
@@ -175,7 +176,9 @@ def test_run_overview_rows(study: Path) -> None:
         "throughput": 100.0, "time_to_first_step": 0.75,
         "cpu_user_avg": 120.0, "cpu_system_avg": 20.0, "cpu_total_avg": 140.0,
         "iowait_avg": 2.0, "rss_avg_bytes": 200.0 * MiB, "rss_peak_bytes": 300 * MiB,
-        "mismatches": [],
+        "mismatches": [], "mode": "train", "layout": "nchw", "precision": "fp32",
+        "conv_algo": "heuristic", "gpus": None, "interop_threads": "unset", "preset": "none", "seed": 0,
+        "inference_seconds": None, "peak_device_memory_bytes": None, "onednn_primitives": None,
     }
     assert rows[f"{A}/1-1"]["mismatches"] == ["threads: asked 2, in force 1"]
     failed = rows[f"{C}/0-1"]

@@ -36,6 +36,17 @@ SELECT
     r.iowait_avg,
     r.rss_avg_bytes,
     r.rss_peak_bytes,
-    r.mismatches
+    r.mismatches,
+    r.params ->> 'mode'                                  AS mode,
+    r.params ->> 'layout'                                AS layout,
+    r.params ->> 'precision'                             AS precision,
+    r.params ->> 'conv_algo'                             AS conv_algo,
+    TRY_CAST(r.params ->> 'gpus' AS INTEGER)             AS gpus,
+    r.params ->> 'interop_threads'                       AS interop_threads,
+    r.params ->> 'preset'                                AS preset,
+    TRY_CAST(r.params ->> 'seed' AS INTEGER)             AS seed,
+    TRY_CAST(r.summary ->> 'inference_seconds' AS DOUBLE)          AS inference_seconds,
+    TRY_CAST(r.summary ->> 'peak_device_memory_bytes' AS BIGINT)   AS peak_device_memory_bytes,
+    TRY_CAST(r.probe ->> 'onednn_primitives' AS BIGINT)            AS onednn_primitives
 FROM runs AS r
 ORDER BY r.sweep, r.cell_id, r."repeat", r.attempt
