@@ -36,6 +36,8 @@ HARNESS_DIR = Path(harness.__file__).parent
 BASE_PARAMS: dict[str, Any] = {
     **DEFAULT_PARAMS, "dataset": "synthetic", "synthetic_train": 512, "synthetic_test": 128,
     "epochs": 3, "batch_size": 32, "eval_batch_size": 100, "lr": 0.05, "warmup_steps": 5,
+    "gpus": None, "layout": "nchw", "precision": "fp32", "conv_algo": "heuristic",
+    "layer_profile": False, "preset": "none", "onednn_check": False,
 }
 
 # docs/BUNDLE.md, events.jsonl: the keys of each record type

@@ -235,15 +235,18 @@ def load_spec(path: Path) -> dict[str, Any]:
 # --- one run ---------------------------------------------------------------------------
 
 
-def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None) -> dict[str, Any]:
+def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
+             onednn_probe: bool = False) -> dict[str, Any]:
     """Run the cell that ``spec_path`` describes, write ``out_dir/events.jsonl``, return the summary.
 
     ``started`` is the ``time.perf_counter()`` reading taken when the harness started (it
     anchors ``time_to_first_step``); by default, now.  Raises ``SpecError`` before anything
     is written when the spec is bad, ``HarnessError`` (or anything else) once running, in
-    which case the events written so far stay on disk.
+    which case the events written so far stay on disk.  ``onednn_probe``: this run is the
+    short verbose run of another run's oneDNN check (``probe.onednn_check``); it never
+    starts a check of its own.
     """
-    from . import adapters, data, probe
+    from . import adapters, data, layers, probe
     from .events import EventLog
 
     started = time.perf_counter() if started is None else started
@@ -251,15 +254,26 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None) ->
     params = spec["params"]
     adapter = adapters.load(params["framework"])
     problem = adapter.check(params)
+    if not problem and params["mode"] == "inference" and not hasattr(adapter, "infer"):
+        problem = f"[params -> mode] the {params['framework']} adapter has no inference mode"
+    if not problem and params["layer_profile"] and not hasattr(adapter, "layer_ops"):
+        problem = f"[params -> layer_profile] the {params['framework']} adapter cannot time layers"
     if problem:
         raise SpecError(f"{spec_path}: {problem}")
+
+    onednn = None
+    if params["onednn_check"] and not onednn_probe:
+        onednn = probe.onednn_check(spec)
+        started += onednn["seconds"]  # time_to_first_step leaves the check out
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with EventLog(out_dir / "events.jsonl", warmup_steps=params["warmup_steps"], started=started,
                   harness_version=HARNESS_VERSION) as log:
         adapter.configure(params)
-        log.emit("probe", **probe.collect(adapter.NAME, params, adapter.probe(params)))
+        fields = probe.collect(adapter.NAME, params, adapter.probe(params))
+        notes = probe.add_onednn_check(fields, params, onednn)
+        log.emit("probe", **fields)
 
         t0 = time.perf_counter()
         dataset = data.load(params, Path(spec["data_dir"]))
@@ -267,7 +281,15 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None) ->
                  test_size=dataset.test.count, shape=list(dataset.shape), classes=dataset.classes,
                  load_seconds=time.perf_counter() - t0)
 
-        outcome = adapter.train(params, dataset, log)
-        summary = log.summary(diverged=outcome.diverged, notes=outcome.notes)
+        if params["mode"] == "inference":
+            outcome = adapter.infer(params, dataset, log)
+        else:
+            outcome = adapter.train(params, dataset, log)
+        if params["layer_profile"]:
+            layers.profile(log, params, dataset.shape, dataset.classes,
+                           adapter.layer_ops(params, dataset, outcome.model))
+        summary = log.summary(diverged=outcome.diverged, notes=[*notes, *outcome.notes],
+                              mode=params["mode"], inference_seconds=outcome.inference_seconds,
+                              peak_device_memory_bytes=outcome.peak_device_memory_bytes)
         log.emit("end", t=time.time())
     return summary

@@ -27,12 +27,15 @@ def main(argv: list[str] | None = None) -> int:
         description="Run one matrun cell inside a framework environment and write events.jsonl.")
     parser.add_argument("--spec", required=True, type=Path, help="the cell's spec.json (docs/BUNDLE.md)")
     parser.add_argument("--out", required=True, type=Path, help="directory to write events.jsonl into")
+    parser.add_argument("--onednn-probe", action="store_true",
+                        help="this is the short verbose run of another run's oneDNN check (no check of its own)")
     args = parser.parse_args(argv)
     # A TERM (the host's timeout) unwinds normally, so the buffered steps reach the file.
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        summary = run_cell(spec_path=args.spec, out_dir=args.out, started=started)
+        summary = run_cell(spec_path=args.spec, out_dir=args.out, started=started,
+                           onednn_probe=args.onednn_probe)
     except SpecError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
@@ -41,8 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     accuracy = summary["accuracy"]
-    print(f"done: train {summary['train_seconds']:.2f} s, throughput {summary['throughput'] or 0:.1f} images/s, "
-          f"accuracy {'diverged' if accuracy is None else f'{accuracy:.4f}'}")
+    if summary["train_seconds"] is None:  # inference
+        print(f"done: inference {summary['inference_seconds'] or 0:.2f} s, "
+              f"throughput {summary['throughput'] or 0:.1f} images/s")
+    else:
+        print(f"done: train {summary['train_seconds']:.2f} s, throughput {summary['throughput'] or 0:.1f} images/s, "
+              f"accuracy {'diverged' if accuracy is None else f'{accuracy:.4f}'}")
     return 0
 
 

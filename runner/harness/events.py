@@ -98,8 +98,16 @@ class EventLog:
         self.epochs.append(record)
         return record
 
-    def summary(self, *, diverged: bool, notes: Iterable[str] = ()) -> dict[str, Any]:
-        """Compute and write the ``summary`` record from the steps and epochs recorded."""
+    def summary(self, *, diverged: bool, notes: Iterable[str] = (), mode: str = "train",
+                inference_seconds: float | None = None,
+                peak_device_memory_bytes: int | None = None) -> dict[str, Any]:
+        """Compute and write the ``summary`` record from the steps and epochs recorded.
+
+        ``mode = "inference"``: there are no epochs; train time, test time and accuracy are
+        null and ``inference_seconds`` (the adapter's wall time of all forward batches,
+        warm-up included) is given.  ``peak_device_memory_bytes``: the accelerator's peak
+        allocation, null on the CPU (the host monitor records the RSS).
+        """
         notes = list(notes)
         self.write_steps()
         warmup = self.steps[:self.warmup_steps]
@@ -110,8 +118,9 @@ class EventLog:
             notes.append(f"no timed steps (all {len(self.steps)} steps are warm-up): "
                          "throughput is the median over all steps, warm-up included")
         last = self.epochs[-1] if self.epochs else {}
+        training = mode != "inference"
         fields: dict[str, Any] = {
-            "train_seconds": sum(e["epoch_seconds"] for e in self.epochs),
+            "train_seconds": sum(e["epoch_seconds"] for e in self.epochs) if training else None,
             "test_seconds": last.get("test_seconds"),
             "accuracy": None if diverged else last.get("test_accuracy"),
             "throughput": throughput(rated),
@@ -119,6 +128,8 @@ class EventLog:
             "timed_steps": len(timed),
             "warmup_steps": len(warmup),
             "diverged": diverged,
+            "inference_seconds": None if training else inference_seconds,
+            "peak_device_memory_bytes": peak_device_memory_bytes,
         }
         if notes:
             fields["notes"] = notes

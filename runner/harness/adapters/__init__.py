@@ -16,7 +16,12 @@ is one module here plus one line in ``ADAPTERS``.  The harness calls, in this or
 4. ``train(params, dataset, log)`` -> ``TrainOutcome``: build the model, emit ``model``, train
    and evaluate, appending one ``(epoch, t_start, t_end, images)`` tuple per optimizer step
    to ``log.steps`` and calling ``log.epoch(...)`` once per epoch.  The harness writes the
-   summary from what was logged.
+   summary from what was logged.  With ``mode = "inference"`` the harness calls
+   ``infer(params, dataset, log)`` instead: forward passes only, one ``log.steps`` tuple per
+   batch, no ``log.epoch``.
+5. ``layer_ops(params, dataset, model)`` -> ``layers.LayerOps`` when ``layer_profile`` is
+   true: one forward and one backward callable per layer of the model's layer list; the
+   harness times them (``layers.profile``) and writes the ``layer`` events.
 
 An adapter usually imports its framework at module level (or inside ``configure`` when a
 switch must be set before the import); this module imports an adapter only when it is
@@ -35,6 +40,7 @@ from .. import HarnessError
 if TYPE_CHECKING:
     from ..data import Dataset
     from ..events import EventLog
+    from ..layers import LayerOps
 
 # framework name (``params.framework``) -> module in this package
 ADAPTERS = {"torch": "pytorch"}
@@ -42,10 +48,19 @@ ADAPTERS = {"torch": "pytorch"}
 
 @dataclass
 class TrainOutcome:
-    """What ``train`` tells the harness beyond the events it logged."""
+    """What ``train`` / ``infer`` tell the harness beyond the events they logged.
+
+    ``model``: the framework's model object, handed back to ``layer_ops`` when the cell
+    asks for ``layer_profile`` (the harness never looks into it).  ``inference_seconds``:
+    wall time of ``infer``'s batches, warm-up included.  ``peak_device_memory_bytes``: the
+    accelerator's peak allocation, None on the CPU.
+    """
 
     diverged: bool = False
     notes: list[str] = field(default_factory=list)
+    model: Any = None
+    inference_seconds: float | None = None
+    peak_device_memory_bytes: int | None = None
 
 
 class Adapter(Protocol):
@@ -58,6 +73,12 @@ class Adapter(Protocol):
     def probe(self, params: dict[str, Any]) -> dict[str, Any]: ...
 
     def train(self, params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome: ...
+
+    # Optional: without it a cell with mode = "inference" is a bad spec.
+    def infer(self, params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome: ...
+
+    # Optional: without it a cell with layer_profile = true is a bad spec.
+    def layer_ops(self, params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps: ...
 
 
 def known_frameworks() -> list[str]:
