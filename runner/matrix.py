@@ -50,8 +50,12 @@ class CellParams:
 
     @property
     def identity(self) -> dict[str, Any]:
-        """The parameters that define what is measured (execution settings left out)."""
-        return {k: v for k, v in self.values.items() if PARAMS[k].identity}
+        """The parameters that define what is measured: execution settings, unused (null)
+        keys and keys at their default are left out, so a parameter added to matrun later
+        does not change the id of any existing cell.  Changing a default is therefore a
+        change of the harness protocol (runner/envs.py HARNESS_PROTOCOL)."""
+        return {k: v for k, v in self.values.items()
+                if PARAMS[k].identity and v is not None and v != PARAMS[k].default}
 
     @property
     def label(self) -> str:

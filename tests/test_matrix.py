@@ -284,3 +284,10 @@ def test_gpu_cells_are_planned_with_their_gpu_count(tmp_path):
     assert [(c.values["gpus"], c.values["precision"]) for c in cells] == [(1, "fp16"), (2, "fp16")]
     (cpu,) = load_matrix(write(tmp_path, "[fixed]\ngpus = 4\n")).cells
     assert cpu.values["gpus"] is None  # a CPU cell has no GPU count: it does not split identity
+
+
+def test_identity_leaves_out_defaults_so_new_parameters_keep_old_ids(tmp_path):
+    (cell,) = load_matrix(write(tmp_path, "[fixed]\nthreads = 2\nbatch_size = 128\n")).cells
+    assert cell.identity == {"threads": 2, "batch_size": 128}
+    (explicit,) = load_matrix(write(tmp_path, '[fixed]\nthreads = 2\nbatch_size = 128\nlayout = "nchw"\n')).cells
+    assert cell_id(explicit.identity, "e") == cell_id(cell.identity, "e")
