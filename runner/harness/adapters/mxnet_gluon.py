@@ -1,0 +1,458 @@
+"""MXNet adapter (framework ``mxnet``, MXNet 1.9.1 Gluon): every network of the model zoo,
+hybridized, trained on in-memory NDArrays and timed per step.
+
+The module is named ``mxnet_gluon`` so that it can never shadow the ``mxnet`` package.
+
+MXNet reads its switches from the environment when it starts, so MXNet is imported lazily,
+in ``configure``, after the cell's values are put into ``os.environ`` (the host has already
+set the same values; a harness started by hand gets them here):
+
+- ``OMP_NUM_THREADS`` (and ``MKL_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``) ← ``threads``:
+  the OpenMP threads of one operator.  Unset, MXNet 1.9.1 uses half the processors.
+- ``MXNET_CPU_WORKER_NTHREADS`` ← ``interop_threads``: the engine's CPU worker threads, i.e.
+  how many independent operators run at the same time (default 1).
+- ``MXNET_MKLDNN_ENABLED`` ← ``onednn`` (1/0).  ``MXNET_ONEDNN_ENABLED`` does nothing in 1.9.1.
+- ``OPENBLAS_CORETYPE``: the OpenBLAS 0.3.13 bundled in the wheel misdetects recent Intel
+  CPUs and then computes wrong GEMMs; ``Haswell`` is set when the environment has no value.
+- ``MXNET_CUDNN_AUTOTUNE_DEFAULT`` ← ``conv_algo`` (GPU only: 0 heuristic, 1 autotune).
+
+Timing: MXNet's engine is asynchronous — Python only enqueues operators — so each step is
+``mx.nd.waitall()`` (drains what is still queued, outside the clock) → t0 → forward,
+backward, ``trainer.step`` → ``mx.nd.waitall()`` → t1.  ``waitall`` is the cheapest *correct*
+synchronisation: ``loss.wait_to_read()`` would return before the backward pass and the
+parameter updates have run.
+
+Data: pixels / 255, then mean 0.5 / std 0.5 (values in [-1, 1]), as every adapter does.
+Each epoch permutes the training set with ``random.Random(seed)`` (the same permutation
+source on every machine) and slices batches; the last partial batch is kept.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from typing import Any, Callable
+
+from .. import HarnessError
+from .. import models as zoo
+from ..data import Dataset, Split
+from ..events import EventLog
+from . import TrainOutcome
+
+NAME = "mxnet"
+MODELS = tuple(zoo.MODELS)
+IDX_SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+DEFAULT_OPENBLAS_CORETYPE = "Haswell"
+
+# Filled by ``configure`` (MXNet must not be imported before its environment is set).
+mx: Any = None
+np: Any = None
+
+
+# --- the protocol ----------------------------------------------------------------------
+
+
+def check(params: dict[str, Any]) -> str | None:
+    model = params["model"]
+    if model not in MODELS:
+        return f"[params -> model] unknown model {model!r} for mxnet (known: {', '.join(MODELS)})"
+    shape, classes = _input(params)
+    try:
+        zoo.param_count(model, shape, classes)
+    except ValueError as exc:
+        key = "synthetic_shape" if params["dataset"] == "synthetic" else "dataset"
+        return f"[params -> {key}] {exc}"
+    device, precision = params["device"], params["precision"]
+    if params["layout"] != "nchw":
+        return ("[params -> layout] the mxnet adapter builds NCHW networks only "
+                "(MXNet 1.9.1 refuses NHWC convolutions on the CPU)")
+    allowed = {"cpu": ("fp32", "bf16"), "gpu": ("fp32", "fp16")}[device]
+    if precision not in allowed:
+        return f"[params -> precision] {precision} is not supported by MXNet 1.9.1 on the {device} " \
+               f"(supported: {', '.join(allowed)})"
+    if device == "cpu" and precision == "bf16" and not params["onednn"]:
+        return "[params -> precision] bf16 on the CPU needs oneDNN (MXNet's bf16 operators are oneDNN's)"
+    return None
+
+
+def configure(params: dict[str, Any]) -> None:
+    """Put the cell's switches into the environment, then import MXNet and seed it."""
+    global mx, np
+    env = os.environ
+    if params["threads"] != "unset":
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[var] = str(params["threads"])
+    if params["interop_threads"] != "unset":
+        env["MXNET_CPU_WORKER_NTHREADS"] = str(params["interop_threads"])
+    env["MXNET_MKLDNN_ENABLED"] = "1" if params["onednn"] else "0"
+    env.setdefault("OPENBLAS_CORETYPE", DEFAULT_OPENBLAS_CORETYPE)
+    if params["device"] == "gpu":
+        env["MXNET_CUDNN_AUTOTUNE_DEFAULT"] = "1" if params["conv_algo"] == "autotune" else "0"
+    env.setdefault("MXNET_STORAGE_FALLBACK_LOG_VERBOSE", "0")
+    import mxnet
+    import numpy
+
+    mx, np = mxnet, numpy
+    mx.random.seed(params["seed"])
+    np.random.seed(params["seed"])
+    random.seed(params["seed"])
+
+
+def probe(params: dict[str, Any]) -> dict[str, Any]:
+    features = mx.runtime.Features()
+    built = sorted(name for name, f in features.items() if f.enabled)
+    gpus = mx.context.num_gpus()
+    omp, blas = _mxnet_libraries()
+    onednn_built = features.is_enabled("MKLDNN")
+    onednn_env = os.environ.get("MXNET_MKLDNN_ENABLED", "1")
+    onednn = onednn_built and onednn_env.strip() not in ("0", "false", "False")
+    device = params["device"]
+    used = device if device == "cpu" or gpus >= (params["gpus"] or 1) else "cpu"
+    in_force = {
+        "threads": omp if omp is not None else _env_int("OMP_NUM_THREADS"),
+        "interop_threads": _env_int("MXNET_CPU_WORKER_NTHREADS") or 1,
+        "onednn": onednn,
+        "onednn_available": onednn_built,
+        "device": used,
+        "gpus_visible": gpus,
+        "env": {var: os.environ.get(var) for var in (
+            "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MXNET_CPU_WORKER_NTHREADS",
+            "MXNET_MKLDNN_ENABLED", "OPENBLAS_CORETYPE", "MXNET_CUDNN_AUTOTUNE_DEFAULT")},
+        "openblas_coretype": blas,
+        "precision": params["precision"],
+        "layout": params["layout"],
+    }
+    mismatches = []
+    for key in ("threads", "interop_threads"):
+        if params[key] != "unset" and params[key] != in_force[key]:
+            mismatches.append(f"{key}: asked {params[key]}, in force {in_force[key]}")
+    if params["onednn"] and not onednn_built:
+        mismatches.append("onednn: asked true, but this MXNet build has no MKLDNN")
+    elif params["onednn"] != onednn:
+        mismatches.append(f"onednn: asked {_js(params['onednn'])}, in force {_js(onednn)}")
+    if used != device:
+        mismatches.append(f"device: asked {device}, in force {used} ({gpus} GPU(s) visible to MXNet)")
+    return {
+        "framework_version": mx.__version__,
+        "build": (f"mxnet {mx.__version__}; build features (mx.runtime.Features, what was compiled in, "
+                  f"not what runs): {', '.join(built)}"),
+        "in_force": in_force,
+        "mismatches": mismatches,
+    }
+
+
+def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
+    ctxs = _contexts(params)
+    x_train, y_train = _arrays(dataset.train, dataset.shape)
+    x_test, y_test = _arrays(dataset.test, dataset.shape)
+    amp = _amp(params)
+    net = build(params["model"], dataset.shape, dataset.classes)
+    net.initialize(_initializer(), ctx=ctxs)
+    net.hybridize(static_alloc=True, static_shape=True)
+    log.emit("model", name=params["model"], parameters=parameter_count(net))
+    trainer = mx.gluon.Trainer(net.collect_params(), *_optimizer(params),
+                               kvstore="device" if len(ctxs) > 1 else None)
+    if amp is not None:
+        amp.init_trainer(trainer)
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    shuffle = random.Random(params["seed"])
+    iterations = params["iterations"]
+
+    epoch, done = 0, 0
+    while (done < iterations) if iterations else (epoch < params["epochs"]):
+        budget = iterations - done if iterations else None
+        steps, loss, accuracy, seconds = _train_epoch(
+            net, trainer, loss_fn, amp, x_train, y_train, ctxs, epoch=epoch,
+            batch_size=params["batch_size"], budget=budget, shuffle=shuffle, record=log.steps.append)
+        done += steps
+        test_loss, test_accuracy, test_seconds = evaluate(net, loss_fn, x_test, y_test, ctxs,
+                                                          params["eval_batch_size"])
+        log.epoch(epoch=epoch, steps=steps, train_loss=loss, train_accuracy=accuracy, test_loss=test_loss,
+                  test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds)
+        if not math.isfinite(loss):
+            return TrainOutcome(diverged=True, notes=[f"training loss became {loss} in epoch {epoch}; stopped"],
+                                model=net)
+        epoch += 1
+    return TrainOutcome(model=net)
+
+
+# --- models ----------------------------------------------------------------------------
+
+
+def build(model: str, shape: tuple[int, int, int], classes: int) -> Any:
+    """The zoo's ``model`` as a Gluon HybridSequential, every input size given (no deferred init)."""
+    net = mx.gluon.nn.HybridSequential(prefix=f"{model}_")
+    with net.name_scope():
+        state = {"c": shape[0], "h": shape[1], "w": shape[2], "flat": None}
+        for layer in zoo.MODELS[model]:
+            for block in _layer(layer, classes, state):
+                net.add(block)
+    return net
+
+
+def _layer(layer: tuple[Any, ...], classes: int, s: dict[str, Any]) -> list[Any]:
+    """Gluon blocks for one zoo layer; ``s`` tracks channels, height, width and the flat size."""
+    nn = mx.gluon.nn
+    kind, name = layer[0], layer[1]
+    if kind == "conv":
+        _, _, out, k, stride, pad, bias = layer
+        block = nn.Conv2D(out, k, strides=stride, padding=pad, use_bias=bias, in_channels=s["c"],
+                          prefix=f"{name}_")
+        s.update(c=out, h=(s["h"] + 2 * pad - k) // stride + 1, w=(s["w"] + 2 * pad - k) // stride + 1)
+        return [block]
+    if kind == "bn":  # MXNet's momentum is the kept share: 0.9 here is torch's 0.1
+        return [nn.BatchNorm(momentum=0.9, epsilon=1e-5, in_channels=s["c"], prefix=f"{name}_")]
+    if kind == "relu":
+        return [nn.Activation("relu", prefix=f"{name}_")]
+    if kind == "maxpool":
+        _, _, k, stride, pad = layer
+        s.update(h=(s["h"] + 2 * pad - k) // stride + 1, w=(s["w"] + 2 * pad - k) // stride + 1)
+        return [nn.MaxPool2D(pool_size=k, strides=stride, padding=pad, prefix=f"{name}_")]
+    if kind == "gap":
+        s.update(flat=s["c"], h=1, w=1)
+        return [nn.GlobalAvgPool2D(prefix=f"{name}_"), nn.Flatten(prefix=f"{name}_flatten_")]
+    if kind == "flatten":
+        s.update(flat=s["c"] * s["h"] * s["w"])
+        return [nn.Flatten(prefix=f"{name}_")]
+    if kind == "dense":
+        out = layer[2] or classes
+        block = nn.Dense(out, in_units=s["flat"], flatten=False, prefix=f"{name}_")
+        s.update(flat=out, c=out)
+        return [block]
+    if kind == "dropout":
+        return [nn.Dropout(layer[2], prefix=f"{name}_")]
+    if kind == "block":
+        _, _, bkind, width, stride = layer
+        return [_residual(name, bkind, width, stride, s)]
+    raise HarnessError(f"unknown layer kind {kind!r} in the model zoo")
+
+
+def _residual(name: str, kind: str, width: int, stride: int, s: dict[str, Any]) -> Any:
+    """A ResNet block: main path + (identity or projection) shortcut, sum, ReLU."""
+    main_layers, short_layers = zoo.block_layers(name, kind, s["c"], width, stride)
+    start = dict(s)
+    block = _Residual(prefix=f"{name}_")
+    with block.name_scope():
+        block.main = mx.gluon.nn.HybridSequential(prefix="main_")
+        with block.main.name_scope():
+            for layer in main_layers:
+                for b in _layer(layer, 0, s):
+                    block.main.add(b)
+        end = dict(s)
+        block.shortcut = None
+        if short_layers:
+            s.update(start)
+            block.shortcut = mx.gluon.nn.HybridSequential(prefix="shortcut_")
+            with block.shortcut.name_scope():
+                for layer in short_layers:
+                    for b in _layer(layer, 0, s):
+                        block.shortcut.add(b)
+    s.update(end)
+    return block
+
+
+def _residual_class() -> type:
+    class Residual(mx.gluon.HybridBlock):
+        def hybrid_forward(self, F: Any, x: Any) -> Any:  # noqa: N803  (Gluon's signature)
+            y = self.main(x)
+            return F.relu(y + (self.shortcut(x) if self.shortcut is not None else x))
+    return Residual
+
+
+def _Residual(**kwargs: Any) -> Any:  # noqa: N802  (a class made once MXNet is imported)
+    global _RESIDUAL
+    if _RESIDUAL is None:
+        _RESIDUAL = _residual_class()
+    return _RESIDUAL(**kwargs)
+
+
+_RESIDUAL: Any = None
+
+
+def parameter_count(net: Any) -> int:
+    """Trainable parameters: everything with a gradient (BatchNorm's running mean/var have none)."""
+    return sum(int(np.prod(p.shape)) for p in net.collect_params().values() if p.grad_req != "null")
+
+
+def _initializer() -> Any:
+    """Weights uniform in ±1/sqrt(fan_in), as torch's default; biases zero (MXNet's default)."""
+    return mx.init.Xavier(rnd_type="uniform", factor_type="in", magnitude=1.0)
+
+
+# --- training and evaluation -----------------------------------------------------------
+
+
+def _train_epoch(net: Any, trainer: Any, loss_fn: Any, amp: Any, x: Any, y: Any, ctxs: list[Any], *,
+                 epoch: int, batch_size: int, budget: int | None, shuffle: random.Random,
+                 record: Callable[[tuple[int, float, float, int]], None]) -> tuple[int, float, float, float]:
+    """One pass (or ``budget`` steps) over the shuffled data: (steps, loss, accuracy, seconds)."""
+    nd, autograd = mx.nd, mx.autograd
+    t_epoch = time.perf_counter()
+    order = list(range(y.shape[0]))
+    shuffle.shuffle(order)
+    index = nd.array(order, ctx=ctxs[0], dtype="int64")
+    xs, ys = nd.take(x, index), nd.take(y, index)
+    count = y.shape[0]
+    stop = count if budget is None else min(count, budget * batch_size)
+    loss_sum = nd.zeros((1,), ctx=ctxs[0])
+    correct = nd.zeros((1,), ctx=ctxs[0])
+    steps = 0
+    for start in range(0, stop, batch_size):
+        end = min(start + batch_size, count)
+        xb, yb = xs[start:end], ys[start:end]
+        if len(ctxs) > 1:
+            xparts = mx.gluon.utils.split_and_load(xb, ctxs, even_split=False)
+            yparts = mx.gluon.utils.split_and_load(yb, ctxs, even_split=False)
+        else:
+            xparts, yparts = [xb], [yb]
+        nd.waitall()  # the previous step's bookkeeping runs outside the clock
+        t0 = time.perf_counter()
+        with autograd.record():
+            outs = [net(xp) for xp in xparts]
+            losses = [loss_fn(o, yp) for o, yp in zip(outs, yparts)]
+            if amp is not None:
+                with amp.scale_loss(losses, trainer) as scaled:
+                    autograd.backward(scaled)
+        if amp is None:
+            autograd.backward(losses)
+        trainer.step(end - start)
+        nd.waitall()  # the engine is asynchronous: wait until the update has really run
+        t1 = time.perf_counter()
+        record((epoch, t0, t1, end - start))
+        for o, lo, yp in zip(outs, losses, yparts):
+            o = o.astype("float32")
+            loss_sum += lo.astype("float32").sum().as_in_context(ctxs[0])
+            correct += (o.argmax(axis=1) == yp).sum().as_in_context(ctxs[0])
+        steps += 1
+    seen = min(stop, count)
+    loss_value, correct_value = float(loss_sum.asscalar()), float(correct.asscalar())
+    seconds = time.perf_counter() - t_epoch
+    return steps, loss_value / seen, correct_value / seen, seconds
+
+
+def evaluate(net: Any, loss_fn: Any, x: Any, y: Any, ctxs: list[Any], batch_size: int
+             ) -> tuple[float, float, float]:
+    """Mean cross-entropy and accuracy over the whole test set (inference mode), and its seconds."""
+    nd = mx.nd
+    t0 = time.perf_counter()
+    loss_sum = nd.zeros((1,), ctx=ctxs[0])
+    correct = nd.zeros((1,), ctx=ctxs[0])
+    count = y.shape[0]
+    for start in range(0, count, batch_size):
+        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        out = net(xb).astype("float32")
+        loss_sum += loss_fn(out, yb).sum()
+        correct += (out.argmax(axis=1) == yb).sum()
+    loss_value, correct_value = float(loss_sum.asscalar()), float(correct.asscalar())
+    seconds = time.perf_counter() - t0
+    return loss_value / count, correct_value / count, seconds
+
+
+def _optimizer(params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(optimizer, its arguments): the spec's lr and weight decay; other constants as documented."""
+    lr, wd, name = params["lr"], params["weight_decay"], params["optimizer"]
+    if name == "sgd":
+        return "sgd", {"learning_rate": lr, "momentum": params["momentum"], "wd": wd}
+    if name == "adam":  # beta1 0.9, beta2 0.999, epsilon 1e-8 (MXNet's and torch's defaults)
+        return "adam", {"learning_rate": lr, "wd": wd}
+    if name == "rmsprop":  # MXNet's defaults: decay (gamma1) 0.9, epsilon 1e-8, not centred
+        return "rmsprop", {"learning_rate": lr, "wd": wd}
+    if name == "adadelta":  # MXNet's AdaDelta has no learning rate: ours scales by lr (torch's form)
+        return _adadelta()(learning_rate=lr, wd=wd), {}
+    raise HarnessError(f"unknown optimizer {name!r}")
+
+
+def _adadelta() -> type:
+    """AdaDelta as torch writes it (rho 0.9, epsilon 1e-6, ``w -= lr * delta``, weight decay once)."""
+    nd = mx.nd
+
+    class AdaDelta(mx.optimizer.Optimizer):
+        def __init__(self, rho: float = 0.9, epsilon: float = 1e-6, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.rho, self.epsilon = rho, epsilon
+
+        def create_state(self, index: Any, weight: Any) -> Any:
+            return (nd.zeros(weight.shape, weight.context), nd.zeros(weight.shape, weight.context))
+
+        def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+            self._update_count(index)
+            lr, wd = self._get_lr(index), self._get_wd(index)
+            grad = grad * self.rescale_grad + wd * weight
+            if self.clip_gradient is not None:
+                grad = nd.clip(grad, -self.clip_gradient, self.clip_gradient)
+            acc_g, acc_delta = state
+            acc_g[:] = self.rho * acc_g + (1.0 - self.rho) * grad * grad
+            delta = nd.sqrt(acc_delta + self.epsilon) / nd.sqrt(acc_g + self.epsilon) * grad
+            acc_delta[:] = self.rho * acc_delta + (1.0 - self.rho) * delta * delta
+            weight[:] -= lr * delta
+
+    return AdaDelta
+
+
+def _amp(params: dict[str, Any]) -> Any:
+    """MXNet's AMP for bf16 (CPU, oneDNN) or fp16 (GPU); None for fp32.  Before the model is built."""
+    precision = params["precision"]
+    if precision == "fp32":
+        return None
+    from mxnet.contrib import amp
+
+    amp.init(target_dtype="bfloat16" if precision == "bf16" else "float16")
+    return amp
+
+
+# --- data and devices ------------------------------------------------------------------
+
+
+def _input(params: dict[str, Any]) -> tuple[tuple[int, int, int], int]:
+    if params["dataset"] == "synthetic":
+        c, h, w = params["synthetic_shape"]
+        return (c, h, w), params["synthetic_classes"]
+    return IDX_SHAPES.get(params["dataset"], (1, 28, 28)), 10
+
+
+def _arrays(split: Split, shape: tuple[int, int, int]) -> tuple[Any, Any]:
+    """float32 images normalised to [-1, 1] (mean 0.5, std 0.5 after /255) and float32 labels, on the CPU."""
+    pixels = np.frombuffer(bytes(split.images), dtype=np.uint8).reshape(split.count, *shape)
+    x = (pixels.astype(np.float32) / 255.0 - 0.5) / 0.5
+    y = np.frombuffer(bytes(split.labels), dtype=np.int64).astype(np.float32)
+    return mx.nd.array(x, dtype="float32"), mx.nd.array(y, dtype="float32")
+
+
+def _contexts(params: dict[str, Any]) -> list[Any]:
+    """The MXNet contexts of the cell; HarnessError when a GPU is asked and none is visible."""
+    if params["device"] == "cpu":
+        return [mx.cpu()]
+    have, want = mx.context.num_gpus(), params["gpus"] or 1
+    if have < want:
+        raise HarnessError(f"device gpu with {want} GPU(s) was asked but MXNet sees {have} "
+                           f"(mxnet {mx.__version__}; the CPU wheel has no CUDA: use a cu* variant)")
+    return [mx.gpu(i) for i in range(want)]
+
+
+def _mxnet_libraries() -> tuple[int | None, str | None]:
+    """(OpenMP threads of the libgomp MXNet loaded, core type of MXNet's bundled OpenBLAS)."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None, None
+    omp, blas = None, None
+    package = os.path.dirname(mx.__file__)
+    for lib in threadpool_info():
+        if lib.get("user_api") == "openmp" and omp is None:
+            omp = lib.get("num_threads")
+        if lib.get("internal_api") == "openblas" and lib.get("filepath", "").startswith(package):
+            blas = lib.get("architecture")
+    return omp, blas
+
+
+def _env_int(var: str) -> int | None:
+    try:
+        return int(os.environ.get(var, ""))
+    except ValueError:
+        return None
+
+
+def _js(flag: bool) -> str:
+    return "true" if flag else "false"
