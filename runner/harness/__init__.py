@@ -177,6 +177,33 @@ def _unused_keys(params: dict[str, Any]) -> set[str]:
     return unused
 
 
+# (C, H, W) of the files of each real dataset; synthetic data has ``synthetic_shape``.
+DATASET_SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+
+
+def input_shape(params: dict[str, Any]) -> tuple[int, int, int] | None:
+    """The (C, H, W) the cell's dataset will have, or None when it is not known before loading."""
+    if params["dataset"] == "synthetic":
+        return tuple(params["synthetic_shape"])  # type: ignore[return-value]
+    return DATASET_SHAPES.get(params["dataset"])
+
+
+def model_problem(params: dict[str, Any]) -> str | None:
+    """``"[params -> key] ..."`` when the model cannot take the dataset's input size, else None."""
+    from .models import walk
+
+    shape = input_shape(params)
+    if shape is None:
+        return None
+    try:
+        for _ in walk(params["model"], shape, 2):
+            pass
+    except ValueError as exc:
+        key = "synthetic_shape" if params["dataset"] == "synthetic" else "model"
+        return f"[params -> {key}] {exc}"
+    return None
+
+
 def sequential_models() -> tuple[str, ...]:
     """Models without residual blocks: the ones whose layers can be timed one by one."""
     from .models import MODELS as ZOO
@@ -226,6 +253,9 @@ def load_spec(path: Path) -> dict[str, Any]:
                         f"(expected one of {', '.join(DATASETS)})")
     if params["mode"] == "train" and params["iterations"] == 0 and params["epochs"] is None:
         raise SpecError(f"{path}: [params -> epochs] must be a positive integer when iterations is 0")
+    problem = model_problem(params)
+    if problem:
+        raise SpecError(f"{path}: {problem}")
     if params["layer_profile"] and params["model"] not in sequential_models():
         raise SpecError(f"{path}: [params -> layer_profile] needs a sequential network "
                         f"({', '.join(sequential_models())}), not {params['model']}")

@@ -1,46 +1,55 @@
-"""PyTorch adapter (framework ``torch``): LeNet-5 on in-memory tensors, timed per step.
+"""PyTorch adapter (framework ``torch``): the model zoo on in-memory tensors, timed per step.
 
+Networks are built from ``models.MODELS`` (one ``nn.Module`` per entry of the layer list,
+named after it), so their parameter counts equal ``models.param_count`` by construction.
 Data: pixels / 255, then normalised with mean 0.5 and std 0.5 (values in [-1, 1]) for
 every dataset, so that the same cell means the same input across datasets and frameworks.
 Each epoch reshuffles the whole training set with a seeded ``torch.Generator`` and slices
 batches out of it; the last partial batch is kept.  No DataLoader, no worker processes.
+
+Switches: ``device = "gpu"`` is ``cuda:0`` (``gpus`` > 1: ``nn.DataParallel`` over
+``cuda:0..gpus-1``); ``layout = "nhwc"`` is ``channels_last`` for the model and the inputs;
+``precision`` bf16 / fp16 is ``torch.autocast`` around the forward pass (fp16 with a
+``GradScaler``), tf32 sets ``allow_tf32`` for matmul and cuDNN (fp32 clears both: PyTorch
+allows TF32 in cuDNN convolutions by default); ``conv_algo = "autotune"`` is
+``cudnn.benchmark``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from typing import Any, Callable
+from collections import OrderedDict
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
 
+from .. import HarnessError
 from ..data import Dataset, Split
 from ..events import EventLog, StepSample
-from .. import HarnessError
+from ..layers import LayerOp, LayerOps
+from ..models import MODELS, Layer, block_layers, forward_flops, walk
 from . import TrainOutcome
 
 NAME = "torch"
-MODELS = ("lenet5",)
-LENET5_MIN_SIDE = 12  # 12 -> conv(pad 2) 12 -> pool 6 -> conv 2 -> pool 1
 
 
 # --- the protocol ----------------------------------------------------------------------
 
 
 def check(params: dict[str, Any]) -> str | None:
-    if params["model"] not in MODELS:
-        return f"[params -> model] unknown model {params['model']!r} for torch (known: {', '.join(MODELS)})"
-    if params["dataset"] == "synthetic":
-        _, h, w = params["synthetic_shape"]
-        if min(h, w) < LENET5_MIN_SIDE:
-            return (f"[params -> synthetic_shape] lenet5 needs images of at least "
-                    f"{LENET5_MIN_SIDE}×{LENET5_MIN_SIDE} pixels, got {h}×{w}")
+    if params["device"] == "cpu" and params["precision"] in ("fp16", "tf32"):
+        return (f"[params -> precision] {params['precision']} needs device = \"gpu\" on torch "
+                "(autocast on the CPU is bf16; TF32 is a GPU feature)")
+    if params["device"] == "cpu" and params["conv_algo"] == "autotune":
+        return "[params -> conv_algo] autotune needs device = \"gpu\" (it selects cuDNN algorithms)"
     return None
 
 
 def configure(params: dict[str, Any]) -> None:
-    """Apply threads, oneDNN and the seed; inter-op threads first, before any parallel work."""
+    """Apply threads, oneDNN, GPU math switches and the seed; inter-op threads first."""
     if params["interop_threads"] != "unset":
         try:
             torch.set_num_interop_threads(params["interop_threads"])
@@ -49,12 +58,18 @@ def configure(params: dict[str, Any]) -> None:
     if params["threads"] != "unset":
         torch.set_num_threads(params["threads"])
     torch.backends.mkldnn.enabled = params["onednn"]
+    if params["device"] == "gpu":
+        tf32 = params["precision"] == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = params["conv_algo"] == "autotune"
     torch.manual_seed(params["seed"])
 
 
 def probe(params: dict[str, Any]) -> dict[str, Any]:
-    used = _usable_device(params["device"])
-    in_force = {
+    asked = _asked_device(params)
+    used = _usable_device(asked)
+    in_force: dict[str, Any] = {
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "onednn": bool(torch.backends.mkldnn.enabled),
@@ -62,8 +77,20 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         "mkl_available": bool(torch.backends.mkl.is_available()),
         "cuda_available": bool(torch.cuda.is_available()),
         "device": used,
+        "layout": _weight_layout(params["layout"]),
+        "precision": params["precision"],
     }
     mismatches = []
+    if torch.cuda.is_available():
+        in_force.update(
+            cuda_version=torch.version.cuda, cudnn_version=torch.backends.cudnn.version(),
+            gpu_count=torch.cuda.device_count(),
+            gpu_names=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            allow_tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
+            allow_tf32_cudnn=bool(torch.backends.cudnn.allow_tf32),
+            cudnn_benchmark=bool(torch.backends.cudnn.benchmark))
+        if params["device"] == "gpu" and (params["gpus"] or 1) > torch.cuda.device_count():
+            mismatches.append(f"gpus: asked {params['gpus']}, in force {torch.cuda.device_count()}")
     for key in ("threads", "interop_threads"):
         if params[key] != "unset" and params[key] != in_force[key]:
             mismatches.append(f"{key}: asked {params[key]}, in force {in_force[key]}")
@@ -71,8 +98,10 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         mismatches.append(f"onednn: asked {_js(params['onednn'])}, in force {_js(in_force['onednn'])}")
     elif params["onednn"] and not in_force["onednn_available"]:
         mismatches.append("onednn: asked true, but this torch build has no oneDNN")
-    if torch.device(params["device"]) != torch.device(used):
+    if asked != used:
         mismatches.append(f"device: asked {params['device']}, in force {used}")
+    if in_force["layout"] != params["layout"]:
+        mismatches.append(f"layout: asked {params['layout']}, in force {in_force['layout']}")
     return {
         "framework_version": torch.__version__,
         "build": torch.__config__.show(),
@@ -82,14 +111,17 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
-    device = _device(params["device"])
-    x_train, y_train = _tensors(dataset.train, dataset.shape, device)
-    x_test, y_test = _tensors(dataset.test, dataset.shape, device)
-    model = lenet5(dataset.shape, dataset.classes).to(device)
-    log.emit("model", name=params["model"], parameters=parameter_count(model))
+    device = _device(params)
+    _reset_peak_memory(device, params)
+    x_train, y_train = _tensors(dataset.train, dataset.shape, device, params["layout"])
+    x_test, y_test = _tensors(dataset.test, dataset.shape, device, params["layout"])
+    model = _placed(build(params["model"], dataset.shape, dataset.classes), params, device)
+    _emit_model(log, params, dataset, model)
     optimizer = _optimizer(params, model)
     loss_fn = nn.CrossEntropyLoss()
     generator = torch.Generator().manual_seed(params["seed"])
+    amp = _autocast(params, device)
+    scaler = torch.amp.GradScaler("cuda") if params["precision"] == "fp16" else None
     iterations = params["iterations"]
 
     epoch, done = 0, 0
@@ -97,39 +129,164 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         budget = iterations - done if iterations else None
         steps, loss, accuracy, seconds = _train_epoch(
             model, optimizer, loss_fn, x_train, y_train, epoch=epoch, batch_size=params["batch_size"],
-            budget=budget, generator=generator, record=log.steps.append)
+            budget=budget, generator=generator, record=log.steps.append, amp=amp, scaler=scaler,
+            channels_last=params["layout"] == "nhwc")
         done += steps
-        test_loss, test_accuracy, test_seconds = evaluate(model, x_test, y_test, params["eval_batch_size"])
+        test_loss, test_accuracy, test_seconds = evaluate(model, x_test, y_test, params["eval_batch_size"], amp=amp)
         diverged = not math.isfinite(loss)
         log.epoch(epoch=epoch, steps=steps, train_loss=loss, train_accuracy=accuracy, test_loss=test_loss,
                   test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds)
         if diverged:
-            return TrainOutcome(diverged=True, notes=[f"training loss became {loss} in epoch {epoch}; stopped"])
+            return TrainOutcome(diverged=True, notes=[f"training loss became {loss} in epoch {epoch}; stopped"],
+                                model=model, peak_device_memory_bytes=_peak_memory(device, params))
         epoch += 1
-    return TrainOutcome()
+    return TrainOutcome(model=model, peak_device_memory_bytes=_peak_memory(device, params))
 
 
-# --- model -----------------------------------------------------------------------------
+def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
+    """Forward passes over the test split in batches (cycling): ``iterations`` or one pass."""
+    device = _device(params)
+    _reset_peak_memory(device, params)
+    x, _ = _tensors(dataset.test, dataset.shape, device, params["layout"])
+    model = _placed(build(params["model"], dataset.shape, dataset.classes), params, device)
+    _emit_model(log, params, dataset, model)
+    model.eval()
+    amp = _autocast(params, device)
+    batch_size, count = params["batch_size"], len(x)
+    per_pass = math.ceil(count / batch_size)
+    batches = params["iterations"] or per_pass
+    sync = device.type == "cuda"
+    record = log.steps.append
+    t_all = time.perf_counter()
+    with torch.inference_mode():
+        for index in range(batches):
+            start = (index % per_pass) * batch_size
+            xb = x[start:start + batch_size]
+            t0 = time.perf_counter()
+            if amp is None:
+                model(xb)
+            else:
+                with amp:
+                    model(xb)
+            if sync:
+                torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            record((index // per_pass, t0, t1, len(xb)))
+    seconds = time.perf_counter() - t_all
+    return TrainOutcome(model=model, inference_seconds=seconds, peak_device_memory_bytes=_peak_memory(device, params))
 
 
-def lenet5(shape: tuple[int, int, int], classes: int) -> nn.Sequential:
-    """LeNet-5: conv 5×5 (pad 2) 6 → ReLU → pool 2 → conv 5×5 16 → ReLU → pool 2 → fc 120 → 84 → classes."""
-    c, h, w = shape
-    if min(h, w) < LENET5_MIN_SIDE:
-        raise HarnessError(f"lenet5 needs images of at least {LENET5_MIN_SIDE}×{LENET5_MIN_SIDE} pixels, got {h}×{w}")
-    flat = 16 * ((h // 2 - 4) // 2) * ((w // 2 - 4) // 2)
-    return nn.Sequential(
-        nn.Conv2d(c, 6, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(flat, 120), nn.ReLU(),
-        nn.Linear(120, 84), nn.ReLU(),
-        nn.Linear(84, classes),
-    )
+def layer_ops(params: dict[str, Any], dataset: Dataset, model: nn.Module) -> LayerOps:
+    """Per-layer forward / backward callables on real activations of one batch (docs/HARNESS.md)."""
+    net = model.module if isinstance(model, nn.DataParallel) else model
+    device = next(net.parameters()).device
+    training = params["mode"] == "train"
+    split = dataset.train if training else dataset.test
+    x, y = _tensors(split, dataset.shape, device, params["layout"], limit=params["batch_size"])
+    amp = _autocast(params, device)
+    ctx: Callable[[], ContextManager[Any]] = (lambda: amp) if amp is not None else contextlib.nullcontext
+    layers = list(net.children())
+    net.train(training)
+
+    # One connected pass: the real gradient of the loss w.r.t. every layer's output.
+    outputs, h = [], x
+    with torch.set_grad_enabled(training), ctx():
+        for layer in layers:
+            h = layer(h)
+            outputs.append(h)
+    upstream: list[torch.Tensor | None] = [None] * len(layers)
+    if training:
+        loss = nn.functional.cross_entropy(outputs[-1].float(), y)
+        upstream = list(torch.autograd.grad(loss, outputs))
+
+    ops = []
+    for i, layer in enumerate(layers):
+        inp = (x if i == 0 else outputs[i - 1]).detach()
+        ops.append(_layer_op(layer, inp, upstream[i], first=i == 0, training=training, ctx=ctx))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    return LayerOps(ops=ops, images=len(x), sync=sync)
+
+
+# --- models ----------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    """A ResNet block: main path + (projection or identity) shortcut, summed, then ReLU."""
+
+    def __init__(self, main: nn.Sequential, shortcut: nn.Sequential | None) -> None:
+        super().__init__()
+        self.main = main
+        self.shortcut = shortcut
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.main(x) + (x if self.shortcut is None else self.shortcut(x)))
+
+
+def build(name: str, shape: tuple[int, int, int], classes: int) -> nn.Sequential:
+    """``models.MODELS[name]`` as an ``nn.Sequential`` with one named child per layer entry."""
+    try:
+        shapes = {info["name"]: info["in"] for info in walk(name, shape, classes)}
+    except ValueError as exc:
+        raise HarnessError(str(exc)) from exc
+    return nn.Sequential(OrderedDict((layer[1], _module(layer, shapes, classes)) for layer in MODELS[name]))
+
+
+def _module(layer: Layer, shapes: dict[str, tuple[int, ...]], classes: int) -> nn.Module:
+    kind, name = layer[0], layer[1]
+    if kind == "conv":
+        _, _, out, k, stride, pad, bias = layer
+        return nn.Conv2d(shapes[name][0], out, kernel_size=k, stride=stride, padding=pad, bias=bias)
+    if kind == "bn":
+        return nn.BatchNorm2d(shapes[name][0])
+    if kind == "relu":
+        return nn.ReLU()
+    if kind == "maxpool":
+        _, _, k, stride, pad = layer
+        return nn.MaxPool2d(k, stride=stride, padding=pad)
+    if kind == "gap":
+        return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    if kind == "flatten":
+        return nn.Flatten()
+    if kind == "dense":
+        return nn.Linear(shapes[name][0], layer[2] or classes)
+    if kind == "dropout":
+        return nn.Dropout(layer[2])
+    if kind == "block":
+        _, _, bkind, width, stride = layer
+        main, shortcut = block_layers(name, bkind, shapes[f"{name}_conv1"][0], width, stride)
+        seq = lambda sub: nn.Sequential(OrderedDict((s[1], _module(s, shapes, classes)) for s in sub))  # noqa: E731
+        return Block(seq(main), seq(shortcut) if shortcut else None)
+    raise HarnessError(f"layer kind {kind!r} of {name} is not known to the torch adapter")
 
 
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _placed(model: nn.Module, params: dict[str, Any], device: torch.device) -> nn.Module:
+    model = model.to(device)
+    if params["layout"] == "nhwc":
+        model = model.to(memory_format=torch.channels_last)
+    if device.type == "cuda" and (params["gpus"] or 1) > 1:
+        model = nn.DataParallel(model, device_ids=list(range(params["gpus"])))
+    return model
+
+
+def _emit_model(log: EventLog, params: dict[str, Any], dataset: Dataset, model: nn.Module) -> None:
+    log.emit("model", name=params["model"], parameters=parameter_count(model),
+             flops=forward_flops(params["model"], dataset.shape, dataset.classes))
+
+
+def _weight_layout(asked: str) -> str:
+    """The memory format torch really gives a conv weight converted for ``asked``."""
+    conv = nn.Conv2d(3, 8, 3)
+    if asked == "nhwc":
+        conv = conv.to(memory_format=torch.channels_last)
+    weight = conv.weight
+    if weight.is_contiguous():
+        return "nchw"
+    return "nhwc" if weight.is_contiguous(memory_format=torch.channels_last) else "other"
 
 
 # --- training and evaluation -----------------------------------------------------------
@@ -137,8 +294,9 @@ def parameter_count(model: nn.Module) -> int:
 
 def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module,
                  x: torch.Tensor, y: torch.Tensor, *, epoch: int, batch_size: int, budget: int | None,
-                 generator: torch.Generator, record: Callable[[StepSample], None]
-                 ) -> tuple[int, float, float, float]:
+                 generator: torch.Generator, record: Callable[[StepSample], None],
+                 amp: ContextManager[Any] | None = None, scaler: torch.amp.GradScaler | None = None,
+                 channels_last: bool = False) -> tuple[int, float, float, float]:
     """One pass (or ``budget`` steps) over the shuffled data: (steps, loss, accuracy, seconds).
 
     Only zero_grad + forward + backward + step sit between the two clock readings; the
@@ -149,6 +307,8 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn
     t_epoch = time.perf_counter()
     order = torch.randperm(len(y), generator=generator).to(x.device)
     xs, ys = x[order], y[order]
+    if channels_last:
+        xs = xs.contiguous(memory_format=torch.channels_last)
     stop = len(y) if budget is None else min(len(y), budget * batch_size)
     loss_sum = torch.zeros((), device=x.device)
     correct = torch.zeros((), dtype=torch.int64, device=x.device)
@@ -157,10 +317,20 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn
         xb, yb = xs[start:start + batch_size], ys[start:start + batch_size]
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        out = model(xb)
-        loss = loss_fn(out, yb)
-        loss.backward()
-        optimizer.step()
+        if amp is None:
+            out = model(xb)
+            loss = loss_fn(out, yb)
+        else:
+            with amp:
+                out = model(xb)
+                loss = loss_fn(out, yb)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
         if sync:
             torch.cuda.synchronize()
         t1 = time.perf_counter()
@@ -174,7 +344,8 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn
     return steps, loss_value / seen, correct_value / seen, seconds
 
 
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[float, float, float]:
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
+             amp: ContextManager[Any] | None = None) -> tuple[float, float, float]:
     """Mean cross-entropy and accuracy over the whole test set, and the seconds it took."""
     sync = x.device.type == "cuda"
     model.eval()
@@ -183,7 +354,11 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
         loss_sum = torch.zeros((), device=x.device)
         correct = torch.zeros((), dtype=torch.int64, device=x.device)
         for start in range(0, len(y), batch_size):
-            out = model(x[start:start + batch_size])
+            if amp is None:
+                out = model(x[start:start + batch_size])
+            else:
+                with amp:
+                    out = model(x[start:start + batch_size]).float()
             yb = y[start:start + batch_size]
             loss_sum += nn.functional.cross_entropy(out, yb, reduction="sum")
             correct += (out.argmax(1) == yb).sum()
@@ -195,46 +370,99 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
 
 
 def _optimizer(params: dict[str, Any], model: nn.Module) -> torch.optim.Optimizer:
-    if params["optimizer"] == "adam":  # momentum does not apply to Adam
-        return torch.optim.Adam(model.parameters(), lr=params["lr"], weight_decay=params["weight_decay"])
-    return torch.optim.SGD(model.parameters(), lr=params["lr"], momentum=params["momentum"],
-                           weight_decay=params["weight_decay"])
+    lr, decay = params["lr"], params["weight_decay"]
+    if params["optimizer"] == "adam":  # momentum applies to SGD only
+        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=decay)
+    if params["optimizer"] == "adadelta":
+        return torch.optim.Adadelta(model.parameters(), lr=lr, weight_decay=decay)
+    if params["optimizer"] == "rmsprop":
+        return torch.optim.RMSprop(model.parameters(), lr=lr, weight_decay=decay)
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=params["momentum"], weight_decay=decay)
+
+
+def _autocast(params: dict[str, Any], device: torch.device) -> ContextManager[Any] | None:
+    """The mixed-precision context of the cell (reusable), or None for fp32 / tf32."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(params["precision"])
+    return None if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+# --- layer profile ---------------------------------------------------------------------
+
+
+def _layer_op(layer: nn.Module, inp: torch.Tensor, grad: torch.Tensor | None, *, first: bool, training: bool,
+              ctx: Callable[[], ContextManager[Any]]) -> LayerOp:
+    """Forward of ``layer`` alone on ``inp``; backward alone, given the upstream ``grad``."""
+    if not training:
+        def forward_only() -> Any:
+            with torch.inference_mode(), ctx():
+                return layer(inp)
+        return LayerOp(forward=forward_only)
+
+    inp = inp if first else inp.requires_grad_(True)
+    wrt = ([] if first else [inp]) + [p for p in layer.parameters() if p.requires_grad]
+
+    def forward() -> Any:
+        with ctx():
+            return layer(inp)
+
+    if not wrt:
+        return LayerOp(forward=forward)
+    out = forward()  # kept: the graph that every backward call runs through again
+
+    def backward() -> Any:
+        return torch.autograd.grad(out, wrt, grad, retain_graph=True)
+
+    return LayerOp(forward=forward, backward=backward)
 
 
 # --- data and devices ------------------------------------------------------------------
 
 
-def _tensors(split: Split, shape: tuple[int, int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _tensors(split: Split, shape: tuple[int, int, int], device: torch.device, layout: str = "nchw",
+             limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 images normalised to [-1, 1] (mean 0.5, std 0.5 after /255) and int64 labels."""
-    pixels = torch.frombuffer(bytearray(split.images), dtype=torch.uint8)
-    x = pixels.view(split.count, *shape).to(torch.float32).div_(255.0).sub_(0.5).div_(0.5)
-    y = torch.frombuffer(bytearray(split.labels), dtype=torch.int64).clone()
-    return x.to(device), y.to(device)
+    count = split.count if limit is None else min(limit, split.count)
+    images, labels = split.images, split.labels
+    if count < split.count:
+        images, labels = images[:count * shape[0] * shape[1] * shape[2]], labels[:count]
+    pixels = torch.frombuffer(bytearray(images), dtype=torch.uint8)
+    x = pixels.view(count, *shape).to(torch.float32).div_(255.0).sub_(0.5).div_(0.5)
+    y = torch.frombuffer(bytearray(labels), dtype=torch.int64).clone()
+    x = x.to(device)
+    if layout == "nhwc":
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, y.to(device)
+
+
+def _asked_device(params: dict[str, Any]) -> str:
+    return "cuda:0" if params["device"] == "gpu" else "cpu"
 
 
 def _usable_device(asked: str) -> str:
     """The device this process can really use for ``asked``: itself, or cpu without CUDA."""
-    try:
-        kind = torch.device(asked).type
-    except RuntimeError:
-        return "cpu"
-    if kind == "cuda" and not torch.cuda.is_available():
-        return "cpu"
-    return asked if kind in ("cpu", "cuda") else "cpu"
+    return "cpu" if asked.startswith("cuda") and not torch.cuda.is_available() else asked
 
 
-def _device(asked: str) -> torch.device:
-    """``asked`` as a torch device, or HarnessError when this environment cannot use it."""
-    try:
-        device = torch.device(asked)
-    except RuntimeError as exc:
-        raise HarnessError(f"device {asked!r} is not a torch device: {exc}") from exc
+def _device(params: dict[str, Any]) -> torch.device:
+    """The cell's torch device, or HarnessError when this environment cannot use it."""
+    device = torch.device(_asked_device(params))
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise HarnessError(f"device {asked!r} was asked but CUDA is not available in this environment "
+        raise HarnessError(f"device {params['device']!r} was asked but CUDA is not available in this environment "
                            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})")
-    if device.type not in ("cpu", "cuda"):
-        raise HarnessError(f"device {asked!r} is not supported by the torch adapter (use cpu or cuda)")
     return device
+
+
+def _reset_peak_memory(device: torch.device, params: dict[str, Any]) -> None:
+    if device.type == "cuda":
+        for i in range(params["gpus"] or 1):
+            torch.cuda.reset_peak_memory_stats(i)
+
+
+def _peak_memory(device: torch.device, params: dict[str, Any]) -> int | None:
+    """Peak allocated bytes summed over the GPUs used; None on the CPU."""
+    if device.type != "cuda":
+        return None
+    return sum(torch.cuda.max_memory_allocated(i) for i in range(params["gpus"] or 1))
 
 
 def _js(flag: bool) -> str:
