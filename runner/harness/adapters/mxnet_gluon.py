@@ -39,6 +39,7 @@ from .. import HarnessError
 from .. import models as zoo
 from ..data import Dataset, Split
 from ..events import EventLog
+from ..layers import LayerOp, LayerOps
 from . import TrainOutcome
 
 NAME = "mxnet"
@@ -151,7 +152,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     net = build(params["model"], dataset.shape, dataset.classes)
     net.initialize(_initializer(), ctx=ctxs)
     net.hybridize(static_alloc=True, static_shape=True)
-    log.emit("model", name=params["model"], parameters=parameter_count(net))
+    _emit_model(log, params, dataset, net)
     trainer = mx.gluon.Trainer(net.collect_params(), *_optimizer(params),
                                kvstore="device" if len(ctxs) > 1 else None)
     if amp is not None:
@@ -176,6 +177,94 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
                                 model=net)
         epoch += 1
     return TrainOutcome(model=net)
+
+
+def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
+    """Forward passes over the test split in batches (cycling): ``iterations`` or one pass."""
+    ctxs = _contexts(params)
+    x, _ = _arrays(dataset.test, dataset.shape)
+    _amp(params)
+    net = build(params["model"], dataset.shape, dataset.classes)
+    net.initialize(_initializer(), ctx=ctxs)
+    net.hybridize(static_alloc=True, static_shape=True)
+    _emit_model(log, params, dataset, net)
+    batch_size, count = params["batch_size"], x.shape[0]
+    per_pass = math.ceil(count / batch_size)
+    batches = params["iterations"] or per_pass
+    record, waitall = log.steps.append, mx.nd.waitall
+    t_all = time.perf_counter()
+    for index in range(batches):  # outside autograd.record: inference mode, no gradients
+        start = (index % per_pass) * batch_size
+        xb = x[start:start + batch_size]
+        parts = mx.gluon.utils.split_and_load(xb, ctxs, even_split=False) if len(ctxs) > 1 else [xb]
+        waitall()
+        t0 = time.perf_counter()
+        for part in parts:
+            net(part)
+        waitall()
+        t1 = time.perf_counter()
+        record((index // per_pass, t0, t1, xb.shape[0]))
+    seconds = time.perf_counter() - t_all
+    return TrainOutcome(model=net, inference_seconds=seconds)
+
+
+def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
+    """Per-layer forward / backward callables on real activations of one batch (docs/HARNESS.md).
+
+    Each layer runs on its own copy of the previous layer's output (``attach_grad`` except
+    for the first), recorded once; walking back from the loss, ``y.backward(out_grad=g,
+    retain_graph=True)`` gives the real upstream gradient of the layer below, and the same
+    call is the layer's timed backward.  ``sync`` is ``mx.nd.waitall``: the engine is
+    asynchronous on the CPU too, so it must sit inside the clock.
+    """
+    nd, autograd = mx.nd, mx.autograd
+    training = params["mode"] == "train"
+    split = dataset.train if training else dataset.test
+    ctx = list(model.collect_params().values())[0].list_ctx()[0]
+    x, y = _arrays(split, dataset.shape, limit=params["batch_size"])
+    x, y = x.as_in_context(ctx), y.as_in_context(ctx)
+    layers = list(model._children.values())  # one child per zoo layer, in order
+    inputs, outputs = [], []
+    h = x
+    for i, layer in enumerate(layers):
+        inp = h.copy()
+        if training and i > 0:
+            inp.attach_grad()
+        if training:
+            with autograd.record():
+                h = layer(inp)
+        else:
+            h = layer(inp)
+        inputs.append(inp)
+        outputs.append(h)
+    upstream: list[Any] = [None] * len(layers)
+    if training:
+        logits = outputs[-1].copy()
+        logits.attach_grad()  # a leaf of its own: the loss's gradient w.r.t. the network's output
+        with autograd.record():
+            loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()(logits.astype("float32"), y)
+        loss.backward()
+        upstream[-1] = logits.grad.copy()
+        for i in range(len(layers) - 1, 0, -1):
+            outputs[i].backward(out_grad=upstream[i], retain_graph=True)
+            upstream[i - 1] = inputs[i].grad.copy()
+        nd.waitall()
+
+    def forward(layer: Any, inp: Any) -> Callable[[], Any]:
+        def run() -> Any:
+            if training:
+                with autograd.train_mode():
+                    return layer(inp)
+            return layer(inp)
+        return run
+
+    def backward(out: Any, grad: Any) -> Callable[[], Any]:
+        return lambda: out.backward(out_grad=grad, retain_graph=True)
+
+    ops = [LayerOp(forward=forward(layer, inputs[i]),
+                   backward=backward(outputs[i], upstream[i]) if training else None)
+           for i, layer in enumerate(layers)]
+    return LayerOps(ops=ops, images=x.shape[0], sync=nd.waitall)
 
 
 # --- models ----------------------------------------------------------------------------
@@ -210,9 +299,12 @@ def _layer(layer: tuple[Any, ...], classes: int, s: dict[str, Any]) -> list[Any]
         _, _, k, stride, pad = layer
         s.update(h=(s["h"] + 2 * pad - k) // stride + 1, w=(s["w"] + 2 * pad - k) // stride + 1)
         return [nn.MaxPool2D(pool_size=k, strides=stride, padding=pad, prefix=f"{name}_")]
-    if kind == "gap":
+    if kind == "gap":  # one child per zoo layer: pool and flatten together
         s.update(flat=s["c"], h=1, w=1)
-        return [nn.GlobalAvgPool2D(prefix=f"{name}_"), nn.Flatten(prefix=f"{name}_flatten_")]
+        gap = nn.HybridSequential(prefix=f"{name}_")
+        with gap.name_scope():
+            gap.add(nn.GlobalAvgPool2D(), nn.Flatten())
+        return [gap]
     if kind == "flatten":
         s.update(flat=s["c"] * s["h"] * s["w"])
         return [nn.Flatten(prefix=f"{name}_")]
@@ -269,6 +361,11 @@ def _Residual(**kwargs: Any) -> Any:  # noqa: N802  (a class made once MXNet is 
 
 
 _RESIDUAL: Any = None
+
+
+def _emit_model(log: EventLog, params: dict[str, Any], dataset: Dataset, net: Any) -> None:
+    log.emit("model", name=params["model"], parameters=parameter_count(net),
+             flops=zoo.forward_flops(params["model"], dataset.shape, dataset.classes))
 
 
 def parameter_count(net: Any) -> int:
@@ -412,11 +509,12 @@ def _input(params: dict[str, Any]) -> tuple[tuple[int, int, int], int]:
     return IDX_SHAPES.get(params["dataset"], (1, 28, 28)), 10
 
 
-def _arrays(split: Split, shape: tuple[int, int, int]) -> tuple[Any, Any]:
+def _arrays(split: Split, shape: tuple[int, int, int], limit: int | None = None) -> tuple[Any, Any]:
     """float32 images normalised to [-1, 1] (mean 0.5, std 0.5 after /255) and float32 labels, on the CPU."""
-    pixels = np.frombuffer(bytes(split.images), dtype=np.uint8).reshape(split.count, *shape)
-    x = (pixels.astype(np.float32) / 255.0 - 0.5) / 0.5
-    y = np.frombuffer(bytes(split.labels), dtype=np.int64).astype(np.float32)
+    count = split.count if limit is None else min(limit, split.count)
+    pixels = np.frombuffer(bytes(split.images), dtype=np.uint8)[:count * shape[0] * shape[1] * shape[2]]
+    x = (pixels.reshape(count, *shape).astype(np.float32) / 255.0 - 0.5) / 0.5
+    y = np.frombuffer(bytes(split.labels), dtype=np.int64)[:count].astype(np.float32)
     return mx.nd.array(x, dtype="float32"), mx.nd.array(y, dtype="float32")
 
 
