@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ..layers import LayerOps
 
 # framework name (``params.framework``) -> module in this package
-ADAPTERS = {"torch": "pytorch", "mxnet": "mxnet_gluon"}
+ADAPTERS = {"torch": "pytorch", "mxnet": "mxnet_gluon", "tensorflow": "tensorflow"}
 
 
 @dataclass

@@ -1,0 +1,589 @@
+"""TensorFlow adapter (framework ``tensorflow``): Keras 3 networks from ``models.py``, a
+``tf.function`` training step timed per call.
+
+TensorFlow reads its switches from the environment when it is imported
+(``TF_ENABLE_ONEDNN_OPTS``, ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS``) or when a
+GPU convolution first runs (``TF_CUDNN_USE_AUTOTUNE``), so this module imports TensorFlow
+lazily: ``configure`` puts the spec's values into ``os.environ`` (the host has normally set the
+same ones already) and only then imports it.
+
+Data: pixels / 255, then mean 0.5 / std 0.5 (values in [-1, 1]), as every adapter; NHWC
+tensors for ``layout = "nhwc"`` (TensorFlow's native layout), NCHW (``channels_first``) for
+``"nchw"``.  Each epoch permutes the training set with ``stateless_shuffle`` seeded by
+``(seed, epoch)`` and slices batches; the last partial batch is kept.  One ``tf.function``
+with a ``None`` batch dimension serves every batch size, so the last batch does not retrace;
+the first call traces and optimises the graph and is the first (warm-up) step.  On the CPU a
+``tf.function`` call returns only when the step has run (checked: reading its result afterwards
+takes 0.2 ms after a 0.5 s call); on a GPU the step is followed by
+``tf.test.experimental.sync_devices()`` inside the clock.
+
+Fidelity to the framework-neutral definitions (docs/frameworks/tensorflow.md):
+
+- Convolutions: ``padding="same"`` where it equals the symmetric padding of the layer list
+  (stride 1, pad = (kernel - 1) / 2), else ``ZeroPadding2D`` + ``padding="valid"``.  Max-pool
+  padding is ``ZeroPadding2D``, which equals -inf padding because it follows a ReLU (checked).
+- BatchNormalization ``momentum=0.9, epsilon=1e-5`` (torch's 0.1 / 1e-5).
+- ``weight_decay`` is coupled L2 (``0.5·wd·Σw²`` added to the loss, so the gradient gets
+  ``wd·w``) as in torch's optimizers, not Keras' decoupled ``weight_decay``; the reported loss
+  leaves it out.  Optimizer constants follow torch: Adam eps 1e-8, Adadelta rho 0.9 eps 1e-6,
+  RMSprop rho 0.99 eps 1e-8.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .. import HarnessError
+from ..data import Dataset, Split
+from ..events import EventLog, StepSample
+from ..layers import LayerOp, LayerOps
+from ..models import MODELS as ZOO
+from ..models import block_layers, block_out_channels, forward_flops, walk
+from . import TrainOutcome
+
+NAME = "tensorflow"
+# (C, H, W) and classes of the datasets whose shape is fixed (synthetic: from the spec).
+DATASET_SHAPES = {"fashion-mnist": ((1, 28, 28), 10), "mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10)}
+POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+tf: Any = None     # tensorflow, imported by configure() after the environment switches
+keras: Any = None  # keras 3 (TensorFlow backend)
+
+
+# --- the protocol ----------------------------------------------------------------------
+
+
+def check(params: dict[str, Any]) -> str | None:
+    model = params["model"]
+    if model not in ZOO:
+        return f"[params -> model] unknown model {model!r} for tensorflow (known: {', '.join(ZOO)})"
+    if params["dataset"] == "synthetic":
+        shape, classes, key = tuple(params["synthetic_shape"]), params["synthetic_classes"], "synthetic_shape"
+    elif params["dataset"] in DATASET_SHAPES:
+        (shape, classes), key = DATASET_SHAPES[params["dataset"]], "dataset"
+    else:
+        return None  # load_spec has refused it already
+    try:
+        for _ in walk(model, shape, classes):
+            pass
+    except ValueError as exc:
+        return f"[params -> {key}] {exc}"
+    return None
+
+
+def configure(params: dict[str, Any]) -> None:
+    """Environment switches, then the import, then threads (before any op), seed, precision."""
+    global tf, keras
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if params["onednn"] else "0"
+    if params["threads"] != "unset":
+        os.environ["TF_NUM_INTRAOP_THREADS"] = str(params["threads"])
+    if params["interop_threads"] != "unset":
+        os.environ["TF_NUM_INTEROP_THREADS"] = str(params["interop_threads"])
+    # cuDNN autotuning is on by default in TensorFlow; read when the first GPU conv runs.
+    os.environ["TF_CUDNN_USE_AUTOTUNE"] = "1" if params["conv_algo"] == "autotune" else "0"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    import tensorflow
+    import keras as keras_module
+
+    tf, keras = tensorflow, keras_module
+    try:  # the pools start with the first op: only possible before it
+        if params["interop_threads"] != "unset":
+            tf.config.threading.set_inter_op_parallelism_threads(params["interop_threads"])
+        if params["threads"] != "unset":
+            tf.config.threading.set_intra_op_parallelism_threads(params["threads"])
+    except RuntimeError:
+        pass  # already started: probe reports the counts in force as mismatches
+    keras.utils.set_random_seed(params["seed"])
+    keras.config.set_image_data_format("channels_first" if params["layout"] == "nchw" else "channels_last")
+    keras.mixed_precision.set_global_policy(POLICIES[params["precision"]])
+    if params["device"] == "gpu":
+        # TensorFlow allows TF32 by default on Ampere+: fp32 must switch it off to be fp32.
+        tf.config.experimental.enable_tensor_float_32_execution(params["precision"] == "tf32")
+
+
+def probe(params: dict[str, Any]) -> dict[str, Any]:
+    tf.constant(1.0) + 1.0  # start the runtime (thread pools) so they can be counted
+    gpus = tf.config.list_physical_devices("GPU")
+    used = "gpu" if params["device"] == "gpu" and gpus else "cpu"
+    threads, threads_source = _intra_in_force()
+    census = thread_census()
+    inter_configured = tf.config.threading.get_inter_op_parallelism_threads()
+    onednn, onednn_source = onednn_in_force()
+    in_force: dict[str, Any] = {
+        "threads": threads,
+        "threads_source": threads_source,
+        # the inter-op pool's threads are named tf_Compute (counted; checked against the setting)
+        "interop_threads": census.get("tf_Compute") or inter_configured or None,
+        "onednn": onednn,
+        "onednn_source": onednn_source,
+        "device": used,
+        "gpus_visible": len(gpus),
+        "devices": [d.name for d in tf.config.list_physical_devices()],
+        "layout": keras.config.image_data_format(),
+        "precision_policy": keras.mixed_precision.global_policy().name,
+        "tensor_float_32": bool(tf.config.experimental.tensor_float_32_execution_enabled()) if gpus else None,
+        "cudnn_autotune": os.environ.get("TF_CUDNN_USE_AUTOTUNE") if gpus else None,
+        "keras_version": keras.__version__,
+        "keras_backend": keras.backend.backend(),
+        "thread_census": census,
+    }
+    mismatches = []
+    for key in ("threads", "interop_threads"):
+        if params[key] != "unset" and params[key] != in_force[key]:
+            mismatches.append(f"{key}: asked {params[key]}, in force {in_force[key]}")
+    if onednn is not None and params["onednn"] != onednn:
+        mismatches.append(f"onednn: asked {_js(params['onednn'])}, in force {_js(onednn)}")
+    if params["device"] != used:
+        mismatches.append(f"device: asked {params['device']}, in force {used} (GPUs visible: {len(gpus)})")
+    elif used == "gpu" and params["gpus"] and params["gpus"] > len(gpus):
+        mismatches.append(f"gpus: asked {params['gpus']}, visible {len(gpus)}")
+    build = dict(tf.sysconfig.get_build_info())
+    build_text = "; ".join(f"{k}={v}" for k, v in build.items())
+    return {
+        "framework_version": tf.__version__,
+        "build": f"tensorflow {tf.__version__} (git {tf.version.GIT_VERSION}, compiler {tf.version.COMPILER_VERSION}); "
+                 f"{build_text}; keras {keras.__version__}",
+        "in_force": in_force,
+        "mismatches": mismatches,
+    }
+
+
+def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
+    placement = _placement(params)
+    with placement.scope():
+        x_train, y_train = tensors(dataset.train, dataset.shape, params["layout"])
+        x_test, y_test = tensors(dataset.test, dataset.shape, params["layout"])
+        net = build(params["model"], dataset.shape, dataset.classes, params["layout"])
+        optimizer = make_optimizer(params)
+        optimizer.build(net.model.trainable_variables)
+    log.emit("model", name=params["model"], parameters=trainable_parameters(net.model),
+             flops=forward_flops(params["model"], dataset.shape, dataset.classes))
+    step = train_step(net.model, optimizer, params["weight_decay"], dataset.shape, params["layout"],
+                      placement.strategy)
+    evaluate_fn = eval_step(net.model, dataset.shape, params["layout"])
+    iterations = params["iterations"]
+    notes = []
+    if params["warmup_steps"] == 0:
+        notes.append("warmup_steps is 0: step 0 includes tracing and optimising the tf.function")
+
+    epoch, done = 0, 0
+    while (done < iterations) if iterations else (epoch < params["epochs"]):
+        budget = iterations - done if iterations else None
+        with placement.scope():
+            steps, loss, accuracy, seconds = _train_epoch(
+                step, x_train, y_train, epoch=epoch, seed=params["seed"], batch_size=params["batch_size"],
+                budget=budget, sync=placement.sync, record=log.steps.append)
+            done += steps
+            test_loss, test_accuracy, test_seconds = evaluate(evaluate_fn, x_test, y_test,
+                                                              params["eval_batch_size"], placement.sync)
+        diverged = not math.isfinite(loss)
+        log.epoch(epoch=epoch, steps=steps, train_loss=loss, train_accuracy=accuracy, test_loss=test_loss,
+                  test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds)
+        if diverged:
+            notes.append(f"training loss became {loss} in epoch {epoch}; stopped")
+            return TrainOutcome(diverged=True, notes=notes, model=net,
+                                peak_device_memory_bytes=placement.peak_memory())
+        epoch += 1
+    return TrainOutcome(notes=notes, model=net, peak_device_memory_bytes=placement.peak_memory())
+
+
+def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
+    """Forward passes over the test split in order (cycling), timed per batch."""
+    placement = _placement(params)
+    with placement.scope():
+        x_test, _ = tensors(dataset.test, dataset.shape, params["layout"])
+        net = build(params["model"], dataset.shape, dataset.classes, params["layout"])
+    log.emit("model", name=params["model"], parameters=trainable_parameters(net.model),
+             flops=forward_flops(params["model"], dataset.shape, dataset.classes))
+    forward = predict_step(net.model, dataset.shape, params["layout"])
+    n, batch = dataset.test.count, params["batch_size"]
+    starts = list(range(0, n, batch))
+    total = params["iterations"] or len(starts)
+    t_all = time.perf_counter()
+    with placement.scope():
+        for index in range(total):
+            start = starts[index % len(starts)]
+            xb = x_test[start:start + batch]
+            t0 = time.perf_counter()
+            forward(xb)
+            placement.sync()
+            t1 = time.perf_counter()
+            log.steps.append((index // len(starts), t0, t1, min(batch, n - start)))
+    seconds = time.perf_counter() - t_all
+    return TrainOutcome(model=net, inference_seconds=seconds, peak_device_memory_bytes=placement.peak_memory())
+
+
+def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
+    """Each layer of a sequential network on one real batch: forward as a ``tf.function``;
+    backward as ``GradientTape.gradient`` of a persistent tape (recorded once) with the real
+    upstream gradient, for the layer's input (not the first layer's) and its weights."""
+    net: Network = model
+    training = params["mode"] != "inference"
+    split = dataset.train if training else dataset.test
+    placement = _placement(params)
+    with placement.scope():
+        x, y = tensors(split.head(params["batch_size"]), dataset.shape, params["layout"])
+        inputs, outputs = [x], []
+        with tf.GradientTape(persistent=True) as tape:
+            for unit in net.units:
+                tape.watch(inputs[-1])
+                outputs.append(unit(inputs[-1], training=training))
+                inputs.append(outputs[-1])
+            logits = tf.cast(outputs[-1], tf.float32)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        upstream = tape.gradient(loss, outputs) if training else [None] * len(outputs)
+        del tape
+        ops = [_layer_op(unit, tf.identity(inputs[i]), upstream[i], first=i == 0, training=training)
+               for i, unit in enumerate(net.units)]
+    return LayerOps(ops=ops, images=int(x.shape[0]), sync=placement.sync)
+
+
+# --- what is in force --------------------------------------------------------------------
+
+
+def _intra_in_force() -> tuple[int, str]:
+    """The intra-op pool size and where it comes from (TensorFlow has no getter for the pool)."""
+    configured = tf.config.threading.get_intra_op_parallelism_threads()
+    if configured:
+        return configured, "tf.config.threading.set_intra_op_parallelism_threads"
+    env = os.environ.get("TF_NUM_INTRAOP_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env), "TF_NUM_INTRAOP_THREADS"
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return cpus, "TensorFlow default: the CPUs this process may run on"
+
+
+def onednn_in_force() -> tuple[bool | None, str]:
+    """Whether TensorFlow's oneDNN graph rewrite is on: ``IsMklEnabled()`` is true only for a
+    oneDNN build with TF_ENABLE_ONEDNN_OPTS not 0 (checked both ways).  Eigen's matrix
+    products use oneDNN's gemm either way (the oneDNN check counts them as ``gemm_api``)."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        return bool(_pywrap_util_port.IsMklEnabled()), "IsMklEnabled (oneDNN build and TF_ENABLE_ONEDNN_OPTS)"
+    except (ImportError, AttributeError):
+        value = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+        return (None if value is None else value != "0"), "TF_ENABLE_ONEDNN_OPTS (IsMklEnabled not importable)"
+
+
+def thread_census() -> dict[str, int]:
+    """Threads of this process by name (TensorFlow names its inter-op pool ``tf_Compute``)."""
+    counts: collections.Counter[str] = collections.Counter()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return {}
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm", encoding="utf-8") as fh:
+                counts[fh.read().strip()] += 1
+        except OSError:
+            continue
+    return dict(sorted(counts.items()))
+
+
+# --- devices ---------------------------------------------------------------------------
+
+
+@dataclass
+class Placement:
+    """Where the model runs: a device scope, or a MirroredStrategy over several GPUs."""
+
+    device: str
+    strategy: Any = None
+
+    def scope(self) -> Any:
+        return self.strategy.scope() if self.strategy is not None else tf.device(self.device)
+
+    def sync(self) -> None:
+        if self.device.startswith("/GPU"):
+            tf.test.experimental.sync_devices()
+
+    def peak_memory(self) -> int | None:
+        if not self.device.startswith("/GPU"):
+            return None
+        try:
+            return int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
+        except (ValueError, KeyError, RuntimeError):
+            return None
+
+
+def _placement(params: dict[str, Any]) -> Placement:
+    if params["device"] != "gpu":
+        return Placement("/CPU:0")
+    gpus = tf.config.list_physical_devices("GPU")
+    build = dict(tf.sysconfig.get_build_info())
+    if not gpus:
+        raise HarnessError(f"device 'gpu' was asked but TensorFlow sees no GPU (tensorflow {tf.__version__}, "
+                           f"CUDA build: {build.get('is_cuda_build', False)})")
+    count = params["gpus"] or 1
+    if count > len(gpus):
+        raise HarnessError(f"{count} GPUs were asked but TensorFlow sees {len(gpus)}")
+    if count == 1:
+        return Placement("/GPU:0")
+    return Placement("/GPU:0", tf.distribute.MirroredStrategy(devices=[f"/GPU:{i}" for i in range(count)]))
+
+
+# --- models ----------------------------------------------------------------------------
+
+
+@dataclass
+class Network:
+    """The Keras model and its units: one Keras layer (or small model) per layer-list entry."""
+
+    model: Any
+    units: list[Any]
+
+
+def build(name: str, shape: tuple[int, int, int], classes: int, layout: str) -> Network:
+    """The network ``models.MODELS[name]`` as a Keras functional model of one unit per entry."""
+    first = layout == "nchw"
+    c, h, w = shape
+    inputs = keras.Input(shape=(c, h, w) if first else (h, w, c), name="images")
+    x, units, previous = inputs, [], None
+    for layer in ZOO[name]:
+        unit = _unit(layer, x, classes, first=first, previous=previous)
+        x = unit(x)
+        units.append(unit)
+        previous = layer[0]
+    return Network(keras.Model(inputs, x, name=name), units)
+
+
+def _unit(layer: tuple[Any, ...], x: Any, classes: int, *, first: bool, previous: str | None) -> Any:
+    kind, name = layer[0], layer[1]
+    fmt = "channels_first" if first else "channels_last"
+    if kind == "conv":
+        return _conv(layer, fmt)
+    if kind == "bn":
+        return _bn(name, first)
+    if kind == "relu":
+        return keras.layers.ReLU(name=name)
+    if kind == "maxpool":
+        _, _, k, stride, pad = layer
+        pool = keras.layers.MaxPooling2D(k, stride, padding="valid", data_format=fmt, name=name)
+        if not pad:
+            return pool
+        if previous != "relu":  # zero padding equals -inf padding only on non-negative inputs
+            raise HarnessError(f"max-pool {name} pads a layer that is not a ReLU; zero padding would change it")
+        return keras.Sequential([keras.layers.ZeroPadding2D(pad, data_format=fmt, name=f"{name}_pad"), pool],
+                                name=name)
+    if kind == "gap":
+        return keras.layers.GlobalAveragePooling2D(data_format=fmt, name=name)
+    if kind == "flatten":
+        # memory order (C·H·W for NCHW, like torch; H·W·C for NHWC): no transpose
+        return keras.layers.Flatten(data_format="channels_last", name=name)
+    if kind == "dense":
+        return keras.layers.Dense(layer[2] or classes, name=name)
+    if kind == "dropout":
+        return keras.layers.Dropout(layer[2], name=name)
+    if kind == "block":
+        return _block(layer, tuple(x.shape[1:]), first)
+    raise HarnessError(f"unknown layer kind {kind!r} in the model zoo")
+
+
+def _conv(layer: tuple[Any, ...], fmt: str) -> Any:
+    _, name, out, k, stride, pad, bias = layer
+    if pad == 0 or (stride == 1 and 2 * pad == k - 1):  # "same" is exactly this symmetric padding
+        return keras.layers.Conv2D(out, k, strides=stride, padding="same" if pad else "valid",
+                                   use_bias=bias, data_format=fmt, name=name)
+    return keras.Sequential([
+        keras.layers.ZeroPadding2D(pad, data_format=fmt, name=f"{name}_pad"),
+        keras.layers.Conv2D(out, k, strides=stride, padding="valid", use_bias=bias, data_format=fmt, name=name),
+    ], name=name)
+
+
+def _bn(name: str, first: bool) -> Any:
+    # torch BatchNorm2d momentum 0.1 (weight of the new batch) = keras momentum 0.9; eps 1e-5
+    return keras.layers.BatchNormalization(axis=1 if first else -1, momentum=0.9, epsilon=1e-5, name=name)
+
+
+def _block(layer: tuple[Any, ...], in_shape: tuple[int, ...], first: bool) -> Any:
+    """A ResNet block as a small functional model: main path + shortcut, sum, ReLU."""
+    _, name, kind, width, stride = layer
+    in_ch = in_shape[0] if first else in_shape[-1]
+    main, shortcut = block_layers(name, kind, in_ch, width, stride)
+    inputs = keras.Input(shape=in_shape)
+    fmt = "channels_first" if first else "channels_last"
+    y, previous = inputs, None
+    for sub in main:
+        y = _unit(sub, y, 0, first=first, previous=previous)(y)
+        previous = sub[0]
+    s = inputs
+    for sub in shortcut:
+        s = (_conv(sub, fmt) if sub[0] == "conv" else _bn(sub[1], first))(s)
+    out = keras.layers.ReLU(name=f"{name}_out")(keras.layers.Add(name=f"{name}_add")([y, s]))
+    assert out.shape[1 if first else -1] == block_out_channels(kind, width)
+    return keras.Model(inputs, out, name=name)
+
+
+def trainable_parameters(model: Any) -> int:
+    return sum(math.prod(v.shape) for v in model.trainable_variables)
+
+
+# --- training, evaluation, inference -------------------------------------------------------
+
+
+def make_optimizer(params: dict[str, Any]) -> Any:
+    """The optimizer with torch's constants; weight decay is added to the loss (coupled L2)."""
+    lr, name = params["lr"], params["optimizer"]
+    if name == "sgd":
+        opt = keras.optimizers.SGD(learning_rate=lr, momentum=params["momentum"] or 0.0)
+    elif name == "adam":
+        opt = keras.optimizers.Adam(learning_rate=lr, epsilon=1e-8)
+    elif name == "adadelta":
+        opt = keras.optimizers.Adadelta(learning_rate=lr, rho=0.9, epsilon=1e-6)
+    elif name == "rmsprop":
+        opt = keras.optimizers.RMSprop(learning_rate=lr, rho=0.99, epsilon=1e-8)
+    else:
+        raise HarnessError(f"optimizer {name!r} is not supported by the tensorflow adapter")
+    if params["precision"] == "fp16":
+        opt = keras.optimizers.LossScaleOptimizer(opt)  # dynamic loss scaling
+    return opt
+
+
+def _signature(shape: tuple[int, int, int], layout: str) -> Any:
+    c, h, w = shape
+    return tf.TensorSpec([None, c, h, w] if layout == "nchw" else [None, h, w, c], tf.float32)
+
+
+def train_step(model: Any, optimizer: Any, weight_decay: float, shape: tuple[int, int, int], layout: str,
+               strategy: Any = None) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """``step(x, y) -> (summed loss, correct count)``: forward, loss, backward, update, one graph.
+
+    With a MirroredStrategy each replica takes every n-th sample of the batch; the loss is
+    divided by the whole batch so that the optimizer's all-reduce (sum) gives the mean.
+    """
+    variables = model.trainable_variables
+    replicas = strategy.num_replicas_in_sync if strategy is not None else 1
+
+    def replica_step(x: Any, y: Any, total: Any) -> tuple[Any, Any]:
+        if strategy is not None:
+            ctx = tf.distribute.get_replica_context()
+            x, y = x[ctx.replica_id_in_sync_group::replicas], y[ctx.replica_id_in_sync_group::replicas]
+        with tf.GradientTape() as tape:
+            logits = tf.cast(model(x, training=True), tf.float32)
+            loss_sum = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+            loss = loss_sum / total
+            if weight_decay:
+                l2 = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables])
+                loss = loss + 0.5 * weight_decay * l2 / replicas
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, variables)
+        optimizer.apply(grads, variables)
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.int64))
+        return loss_sum, correct
+
+    @tf.function(input_signature=[_signature(shape, layout), tf.TensorSpec([None], tf.int64)])
+    def step(x: Any, y: Any) -> tuple[Any, Any]:
+        total = tf.cast(tf.shape(y)[0], tf.float32)
+        if strategy is None:
+            return replica_step(x, y, total)
+        loss_sum, correct = strategy.run(replica_step, args=(x, y, total))
+        return (strategy.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None),
+                strategy.reduce(tf.distribute.ReduceOp.SUM, correct, axis=None))
+
+    return step
+
+
+def eval_step(model: Any, shape: tuple[int, int, int], layout: str) -> Callable[[Any, Any], tuple[Any, Any]]:
+    @tf.function(input_signature=[_signature(shape, layout), tf.TensorSpec([None], tf.int64)])
+    def step(x: Any, y: Any) -> tuple[Any, Any]:
+        logits = tf.cast(model(x, training=False), tf.float32)
+        loss_sum = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        return loss_sum, tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.int64))
+
+    return step
+
+
+def predict_step(model: Any, shape: tuple[int, int, int], layout: str) -> Callable[[Any], Any]:
+    @tf.function(input_signature=[_signature(shape, layout)])
+    def step(x: Any) -> Any:
+        return model(x, training=False)
+
+    return step
+
+
+def _train_epoch(step: Callable[[Any, Any], tuple[Any, Any]], x: Any, y: Any, *, epoch: int, seed: int,
+                 batch_size: int, budget: int | None, sync: Callable[[], None],
+                 record: Callable[[StepSample], None]) -> tuple[int, float, float, float]:
+    """One pass (or ``budget`` steps) over the shuffled data: (steps, loss, accuracy, seconds).
+
+    Only the ``step`` call (and, on a GPU, the device sync) sits between the two clock
+    readings; the per-batch loss sums and correct counts stay tensors until the epoch ends.
+    """
+    t_epoch = time.perf_counter()
+    n = int(y.shape[0])
+    order = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed=[seed, epoch])
+    xs, ys = tf.gather(x, order), tf.gather(y, order)
+    stop = n if budget is None else min(n, budget * batch_size)
+    sums, counts = [], []
+    for start in range(0, stop, batch_size):
+        xb, yb = xs[start:start + batch_size], ys[start:start + batch_size]
+        t0 = time.perf_counter()
+        loss_sum, correct = step(xb, yb)
+        sync()
+        t1 = time.perf_counter()
+        record((epoch, t0, t1, min(batch_size, n - start)))
+        sums.append(loss_sum)
+        counts.append(correct)
+    seen = min(stop, n)
+    loss_value = float(tf.add_n(sums).numpy()) if sums else math.nan
+    correct_value = int(tf.add_n(counts).numpy()) if counts else 0
+    seconds = time.perf_counter() - t_epoch
+    return len(sums), loss_value / seen, correct_value / seen, seconds
+
+
+def evaluate(step: Callable[[Any, Any], tuple[Any, Any]], x: Any, y: Any, batch_size: int,
+             sync: Callable[[], None]) -> tuple[float, float, float]:
+    """Mean cross-entropy and accuracy over the whole test set, and the seconds it took."""
+    n = int(y.shape[0])
+    t0 = time.perf_counter()
+    sums, counts = [], []
+    for start in range(0, n, batch_size):
+        loss_sum, correct = step(x[start:start + batch_size], y[start:start + batch_size])
+        sums.append(loss_sum)
+        counts.append(correct)
+    sync()
+    loss_value, correct_value = float(tf.add_n(sums).numpy()), int(tf.add_n(counts).numpy())
+    seconds = time.perf_counter() - t0
+    return loss_value / n, correct_value / n, seconds
+
+
+def _layer_op(unit: Any, x: Any, upstream: Any, *, first: bool, training: bool) -> LayerOp:
+    forward = tf.function(lambda: unit(x, training=training))
+    if not training:
+        return LayerOp(forward=forward)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        y = unit(x, training=True)
+    sources = ([] if first else [x]) + list(unit.trainable_variables)
+    if not sources:  # nothing to differentiate (the first layer without weights): nothing to time
+        return LayerOp(forward=forward, backward=lambda: None)
+    return LayerOp(forward=forward, backward=lambda: tape.gradient(y, sources, output_gradients=upstream))
+
+
+# --- data ------------------------------------------------------------------------------
+
+
+def tensors(split: Split, shape: tuple[int, int, int], layout: str) -> tuple[Any, Any]:
+    """float32 images normalised to [-1, 1] (NCHW or NHWC) and int64 labels, on the current device."""
+    pixels = tf.io.decode_raw(tf.constant(bytes(split.images)), tf.uint8)
+    x = tf.reshape(pixels, (split.count, *shape))
+    x = (tf.cast(x, tf.float32) / 255.0 - 0.5) / 0.5
+    if layout == "nhwc":
+        x = tf.transpose(x, (0, 2, 3, 1))
+    y = tf.io.decode_raw(tf.constant(split.labels.tobytes()), tf.int64, little_endian=sys.byteorder == "little")
+    return tf.identity(x), tf.identity(y)
+
+
+def _js(flag: bool) -> str:
+    return "true" if flag else "false"
