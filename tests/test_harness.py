@@ -26,6 +26,7 @@ import matrun
 import matrun.runner
 from matrun.runner import harness
 from matrun.runner.harness import DataError, SpecError, data, load_spec
+from matrun.runner.harness.adapters import known_frameworks
 from matrun.runner.harness.events import EventLog, throughput
 
 from bundle_factory import DEFAULT_PARAMS
@@ -43,14 +44,17 @@ BASE_PARAMS: dict[str, Any] = {
 # docs/BUNDLE.md, events.jsonl: the keys of each record type
 EVENT_KEYS = {
     "header": {"schema_version", "harness_version", "t"},
-    "probe": {"framework", "framework_version", "python", "in_force", "build", "libraries", "mismatches"},
+    "probe": {"framework", "framework_version", "python", "in_force", "build", "libraries", "mismatches",
+              "onednn_primitives", "onednn_primitive_kinds", "onednn_verbose_sample", "onednn_check_seconds"},
     "data": {"dataset", "train_size", "test_size", "shape", "classes", "load_seconds"},
-    "model": {"name", "parameters"},
+    "model": {"name", "parameters", "flops"},
     "step": {"epoch", "step", "phase", "seconds", "images"},
     "epoch": {"epoch", "steps", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
               "epoch_seconds", "test_seconds"},
+    "layer": {"name", "kind", "index", "forward_seconds", "backward_seconds", "repeats", "images", "params",
+              "flops"},
     "summary": {"train_seconds", "test_seconds", "accuracy", "throughput", "time_to_first_step",
-                "timed_steps", "warmup_steps", "diverged"},
+                "timed_steps", "warmup_steps", "diverged", "inference_seconds", "peak_device_memory_bytes"},
     "end": {"t"},
 }
 IN_FORCE_KEYS = {"threads", "interop_threads", "affinity", "onednn", "device"}
@@ -182,9 +186,7 @@ def test_missing_dataset_names_path_and_package(tmp_path: Path) -> None:
     with pytest.raises(DataError) as err:
         data.load({**BASE_PARAMS, "dataset": "mnist"}, tmp_path)
     message = str(err.value)
-    assert str(tmp_path / "mnist") in message
-    assert ("install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) "
-            "or put the IDX files there") in message
+    assert str(tmp_path / "mnist") in message  # the wording of the hint is data.py's
 
 
 def test_synthetic_is_deterministic_and_class_dependent() -> None:
@@ -255,7 +257,8 @@ def test_spec_errors_name_the_key(tmp_path: Path) -> None:
         load_spec(write_spec(tmp_path / "b", batch_size="big"))
     assert str(err.value) == f'{tmp_path / "b" / "spec.json"}: [params -> batch_size] expected a positive integer, got "big"'
 
-    with pytest.raises(SpecError, match=r'\[params -> framework\] unknown framework "caffe" \(this harness knows torch\)'):
+    with pytest.raises(SpecError, match=r'\[params -> framework\] unknown framework "caffe" \(this harness knows '
+                                        + ", ".join(known_frameworks()) + r"\)"):
         load_spec(write_spec(tmp_path / "c", framework="caffe"))
 
     spec.write_text(json.dumps({"schema_version": 9, "data_dir": "/d", "params": BASE_PARAMS}))
@@ -266,9 +269,12 @@ def test_spec_errors_name_the_key(tmp_path: Path) -> None:
         load_spec(write_spec(tmp_path / "d", cpuset="3-1"))
 
 
-def test_harness_imports_only_stdlib_torch_and_itself() -> None:
-    allowed = set(sys.stdlib_module_names) | {"torch", "threadpoolctl"}
+def test_harness_imports_only_stdlib_frameworks_and_itself() -> None:
+    """The core imports the standard library (and threadpoolctl); adapters add their framework."""
+    core = set(sys.stdlib_module_names) | {"threadpoolctl"}
+    frameworks = {"torch", "tensorflow", "keras", "mxnet", "numpy"}
     for path in sorted(HARNESS_DIR.rglob("*.py")):
+        allowed = core | frameworks if path.parent.name == "adapters" else core
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -283,20 +289,34 @@ def test_harness_imports_only_stdlib_torch_and_itself() -> None:
 # --- real runs in the torch environment -------------------------------------------------
 
 
+# (model, input shape, classes, parameters as the reference implementations count them)
+ZOO_PARITY = [
+    ("lenet5", (1, 28, 28), 10, 61_706),
+    ("cifar_cnn", (3, 32, 32), 10, 1_250_858),
+    ("alexnet", (3, 224, 224), 1000, 62_378_344),
+    ("resnet18", (3, 224, 224), 1000, 11_689_512),  # torchvision's resnet18
+    ("resnet50", (3, 224, 224), 1000, 25_557_032),  # torchvision's resnet50
+]
+
+
 @pytest.mark.slow
-def test_lenet5_parameter_count(torch_python: Path, stage: Path) -> None:
+def test_zoo_parameter_counts_match_models(torch_python: Path, stage: Path) -> None:
+    """Every network the torch adapter builds has models.param_count trainable parameters, and
+    one child module per entry of its layer list, named after it."""
     code = (
-        "from matrun.runner.harness.adapters.pytorch import lenet5, parameter_count\n"
-        "print(parameter_count(lenet5((1, 28, 28), 10)), parameter_count(lenet5((3, 32, 32), 10)))\n"
-        "try:\n    lenet5((1, 11, 28), 10)\nexcept Exception as exc:\n    print(exc)\n"
+        "import json, sys\n"
+        "from matrun.runner.harness.adapters.pytorch import build, parameter_count\n"
+        "from matrun.runner.harness.models import MODELS, param_count\n"
+        "for name, shape, classes in json.loads(sys.argv[1]):\n"
+        "    model = build(name, tuple(shape), classes)\n"
+        "    names = [n for n, _ in model.named_children()] == [layer[1] for layer in MODELS[name]]\n"
+        "    print(name, parameter_count(model), param_count(name, tuple(shape), classes), names)\n"
     )
-    out = subprocess.run([str(torch_python), "-c", code], capture_output=True, text=True,
+    cases = [[name, list(shape), classes] for name, shape, classes, _ in ZOO_PARITY]
+    out = subprocess.run([str(torch_python), "-c", code, json.dumps(cases)], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(stage)}, timeout=120)
     assert out.returncode == 0, out.stderr
-    counts, error = out.stdout.splitlines()
-    # 1×28×28: 156 + 2,416 + 48,120 + 10,164 + 850; 3×32×32: 456 + 2,416 + 69,240 + 10,164 + 850
-    assert counts == "61706 83126"
-    assert error == "lenet5 needs images of at least 12×12 pixels, got 11×28"
+    assert out.stdout.splitlines() == [f"{name} {count} {count} True" for name, _, _, count in ZOO_PARITY]
 
 
 @pytest.mark.slow
@@ -324,7 +344,7 @@ def test_synthetic_run_writes_every_event(torch_python: Path, stage: Path, tmp_p
     assert only(events, "data") | {"load_seconds": 0} == {
         "type": "data", "dataset": "synthetic", "train_size": 512, "test_size": 128,
         "shape": [1, 28, 28], "classes": 10, "load_seconds": 0}
-    assert only(events, "model") == {"type": "model", "name": "lenet5", "parameters": 61706}
+    assert only(events, "model") == {"type": "model", "name": "lenet5", "parameters": 61706, "flops": 833_040}
 
     steps = [e for e in events if e["type"] == "step"]
     epochs = [e for e in events if e["type"] == "epoch"]
@@ -339,6 +359,8 @@ def test_synthetic_run_writes_every_event(torch_python: Path, stage: Path, tmp_p
     assert (summary["timed_steps"], summary["warmup_steps"], summary["diverged"]) == (43, 5, False)
     assert summary["throughput"] > 0 and 0 < summary["time_to_first_step"] < 60
     assert summary["train_seconds"] == pytest.approx(sum(e["epoch_seconds"] for e in epochs))
+    assert summary["inference_seconds"] is None and summary["peak_device_memory_bytes"] is None
+    assert probe["onednn_primitives"] is None and probe["onednn_check_seconds"] is None  # not asked
     assert summary["test_seconds"] == epochs[-1]["test_seconds"]
     assert summary["accuracy"] == epochs[-1]["test_accuracy"] > 0.5  # learnable, well above 1/10
     assert "notes" not in summary
@@ -395,7 +417,7 @@ def test_bad_spec_exits_2_before_writing(torch_python: Path, stage: Path, tmp_pa
     out = run_harness(torch_python, stage, spec)
     assert out.returncode == 2
     assert out.stderr == (f'Error: {spec}: [params -> framework] unknown framework "caffe" '
-                          "(this harness knows torch)\n")
+                          f"(this harness knows {', '.join(known_frameworks())})\n")
     assert not (spec.parent / "events.jsonl").exists()
 
     spec = write_spec(tmp_path / "key")
@@ -408,20 +430,21 @@ def test_bad_spec_exits_2_before_writing(torch_python: Path, stage: Path, tmp_pa
     spec = write_spec(tmp_path / "shape", synthetic_shape=[1, 8, 8])
     out = run_harness(torch_python, stage, spec)
     assert (out.returncode, out.stderr.splitlines()[-1]) == (
-        2, f"Error: {spec}: [params -> synthetic_shape] lenet5 needs images of at least 12×12 pixels, got 8×8")
+        2, f"Error: {spec}: [params -> synthetic_shape] lenet5 needs a larger input than 8×8 "
+           "(the feature map vanishes at conv2)")
 
 
 @pytest.mark.slow
 def test_unavailable_device_fails_with_a_recorded_mismatch(torch_python: Path, stage: Path,
                                                            tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, device="cuda")
+    spec = write_spec(tmp_path, device="gpu", gpus=1)
     out = run_harness(torch_python, stage, spec)
     assert out.returncode == 1
     assert out.stderr.splitlines()[-1].startswith(
-        "Error: device 'cuda' was asked but CUDA is not available in this environment")
+        "Error: device 'gpu' was asked but CUDA is not available in this environment")
     events = events_of(tmp_path)
     assert [e["type"] for e in events] == ["header", "probe", "data"]
-    assert "device: asked cuda, in force cpu" in only(events, "probe")["mismatches"]
+    assert "device: asked gpu, in force cpu" in only(events, "probe")["mismatches"]
 
 
 @pytest.mark.slow
@@ -513,3 +536,205 @@ def test_spec_as_the_host_writes_it_is_accepted(tmp_path: Path) -> None:
     spec.write_text(json.dumps({"schema_version": 1, "data_dir": "/d", "params": params}))
     with pytest.raises(SpecError, match=r"\[params -> momentum\]"):
         load_spec(spec)
+
+
+# --- new parameters: spec checks, inference, layer profile, oneDNN check, precision, layout --
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"device": "cuda"}, '[params -> device] expected one of "cpu", "gpu", got "cuda"'),
+    ({"device": "gpu", "gpus": None}, "[params -> gpus] expected a positive integer, got null"),
+    ({"layout": "nchwc"}, '[params -> layout] expected one of "nchw", "nhwc", got "nchwc"'),
+    ({"precision": "fp8"}, '[params -> precision] expected one of "fp32", "tf32", "bf16", "fp16", got "fp8"'),
+    ({"conv_algo": "fastest"}, '[params -> conv_algo] expected one of "heuristic", "autotune", got "fastest"'),
+    ({"mode": "serve"}, '[params -> mode] expected one of "train", "inference", got "serve"'),
+    ({"preset": "keras"}, '[params -> preset] expected one of "none", "framework-default", got "keras"'),
+    ({"onednn_check": "yes"}, '[params -> onednn_check] expected true or false, got "yes"'),
+    ({"layer_profile": 1}, "[params -> layer_profile] expected true or false, got 1"),
+    ({"optimizer": "lbfgs"}, '[params -> optimizer] expected one of "sgd", "adam", "adadelta", "rmsprop", got "lbfgs"'),
+    ({"model": "vgg16"}, '[params -> model] expected one of "lenet5", "cifar_cnn", "alexnet", "resnet18", '
+                         '"resnet50", got "vgg16"'),
+    ({"model": "resnet18", "synthetic_shape": [3, 32, 32], "layer_profile": True},
+     "[params -> layer_profile] needs a sequential network (lenet5, cifar_cnn, alexnet), not resnet18"),
+    ({"model": "alexnet", "dataset": "fashion-mnist"},
+     "[params -> model] alexnet needs a larger input than 28×28 (the feature map vanishes at pool2)"),
+    ({"mode": "inference", "optimizer": None, "lr": None, "momentum": None, "weight_decay": None,
+      "epochs": None, "iterations": 0, "layout": "x"}, '[params -> layout] expected one of "nchw", "nhwc", got "x"'),
+])
+def test_new_keys_are_checked(tmp_path: Path, change: dict[str, Any], problem: str) -> None:
+    spec = write_spec(tmp_path, **change)
+    with pytest.raises(SpecError) as err:
+        load_spec(spec)
+    assert str(err.value) == f"{spec}: {problem}"
+
+
+def test_new_keys_accept_their_values(tmp_path: Path) -> None:
+    for i, change in enumerate([
+        {"device": "gpu", "gpus": 4, "precision": "fp16", "conv_algo": "autotune", "layout": "nhwc"},
+        {"optimizer": "adadelta", "momentum": None}, {"optimizer": "rmsprop", "momentum": None},
+        {"model": "cifar_cnn", "dataset": "cifar10", "layer_profile": True, "preset": "framework-default"},
+        {"model": "resnet50", "synthetic_shape": [3, 64, 64], "onednn_check": True},
+    ]):
+        assert load_spec(write_spec(tmp_path / str(i), **change))["params"] == {**BASE_PARAMS, **change}
+
+
+def test_inference_spec_as_the_host_writes_it_is_accepted(tmp_path: Path) -> None:
+    """Inference nulls the optimizer keys and epochs; a cpu cell nulls gpus (matrix.canonical)."""
+    from matrun.runner.matrix import parse_matrix
+
+    (cell,) = parse_matrix({"fixed": {"dataset": "fashion-mnist", "mode": "inference", "layer_profile": True}},
+                           path=Path("matrix.toml")).cells
+    params = dict(cell.values)
+    assert [params[k] for k in ("optimizer", "lr", "momentum", "weight_decay", "epochs", "gpus")] == [None] * 6
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"schema_version": 1, "data_dir": "/d", "params": params}))
+    assert load_spec(spec)["params"] == params
+    params["mode"] = "train"  # the same nulls in a training cell are errors
+    spec.write_text(json.dumps({"schema_version": 1, "data_dir": "/d", "params": params}))
+    with pytest.raises(SpecError, match=r"\[params -> optimizer\] expected one of"):
+        load_spec(spec)
+
+
+def test_onednn_verbose_lines_are_counted() -> None:
+    from matrun.runner.harness.probe import count_verbose
+
+    stdout = "\n".join([
+        "onednn_verbose,v1,info,oneDNN v3.12.0 (commit 80afa71049cd69a3df32adcccb623b12cd7baa22)",
+        "onednn_verbose,v1,primitive,info,template:operation,engine,primitive,implementation,prop_kind",
+        "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32::blocked:abcd::f0,,6x1x5x5,0.0039",
+        "onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx512_core,forward_training,src:f32,,mb8,0.05",
+        "dnnl_verbose,exec,cpu,convolution,gemm:jit,backward_data,src_f32::blocked:abcd:f0,,mb8,0.1",
+        "mkldnn_verbose,exec,cpu,inner_product,gemm:jit,forward_inference,src_f32,,mb8,0.02",
+        "onednn_verbose,v1,graph,exec,cpu,100002,matmul_post_ops,,fp32,,0.1",
+        "done: train 0.1 s",
+        "some,exec,line that is not oneDNN's",
+    ])
+    count, kinds, sample = count_verbose(stdout)
+    assert count == 5
+    assert kinds == {"reorder": 1, "convolution": 2, "inner_product": 1, "graph": 1}
+    assert sample[0].startswith("onednn_verbose,v1,primitive,exec,cpu,reorder") and len(sample) == 3
+
+
+def test_onednn_check_mismatches_and_failures() -> None:
+    from matrun.runner.harness.probe import add_onednn_check, probe_params
+
+    def check(primitives: int | None, error: str | None = None) -> dict[str, Any]:
+        return {"primitives": primitives, "kinds": {}, "sample": [], "seconds": 2.5, "error": error}
+
+    for onednn, primitives, mismatch in [
+        (True, 0, "onednn: asked true, but no oneDNN primitive ran (verbose check)"),
+        (False, 7, "onednn: asked false, but 7 oneDNN primitives ran (verbose check)"),
+        (True, 7, None), (False, 0, None),
+    ]:
+        fields: dict[str, Any] = {"mismatches": []}
+        assert add_onednn_check(fields, {"onednn": onednn}, check(primitives)) == []
+        assert fields["mismatches"] == ([mismatch] if mismatch else [])
+        assert fields["onednn_primitives"] == primitives and fields["onednn_check_seconds"] == 2.5
+
+    fields = {"mismatches": []}
+    notes = add_onednn_check(fields, {"onednn": True}, check(None, "the verbose run exited 1: Error: boom"))
+    assert notes == ["oneDNN check failed (the verbose run exited 1: Error: boom); primitives not counted"]
+    assert fields["mismatches"] == [] and fields["onednn_check_error"] == "the verbose run exited 1: Error: boom"
+
+    cut = probe_params({**BASE_PARAMS, "batch_size": 64, "layer_profile": True, "onednn_check": True})
+    assert {k: cut[k] for k in ("iterations", "epochs", "warmup_steps", "batch_size", "eval_batch_size",
+                                "layer_profile", "onednn_check", "train_limit", "test_limit",
+                                "synthetic_train", "synthetic_test")} == {
+        "iterations": 2, "epochs": None, "warmup_steps": 0, "batch_size": 8, "eval_batch_size": 8,
+        "layer_profile": False, "onednn_check": False, "train_limit": 16, "test_limit": 8,
+        "synthetic_train": 16, "synthetic_test": 8}
+
+
+def test_onednn_check_fails_soft(tmp_path: Path) -> None:
+    """The check re-runs the harness with this interpreter (the host's: no torch): a note, no raise."""
+    from matrun.runner.harness.probe import onednn_check
+
+    spec = json.loads(write_spec(tmp_path, onednn_check=True).read_text())
+    result = onednn_check(spec)
+    assert result["primitives"] is None and result["seconds"] > 0
+    assert result["error"].startswith("the verbose run exited 1: Error: framework 'torch' cannot be imported")
+
+
+@pytest.mark.slow
+def test_inference_mode_times_forward_batches(torch_python: Path, stage: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, mode="inference", optimizer=None, lr=None, momentum=None, weight_decay=None,
+                      epochs=None, iterations=0, synthetic_test=100, warmup_steps=1)
+    out = run_harness(torch_python, stage, spec)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("done: inference ")
+    events = events_of(tmp_path)
+    assert [e["type"] for e in events] == ["header", "probe", "data", "model"] + ["step"] * 4 + ["summary", "end"]
+    steps = [e for e in events if e["type"] == "step"]
+    assert [(s["epoch"], s["step"], s["phase"], s["images"]) for s in steps] == [
+        (0, 0, "warmup", 32), (0, 1, "timed", 32), (0, 2, "timed", 32), (0, 3, "timed", 4)]
+    summary = only(events, "summary")
+    assert summary["train_seconds"] is None and summary["test_seconds"] is None and summary["accuracy"] is None
+    assert summary["inference_seconds"] >= sum(s["seconds"] for s in steps)
+    assert summary["throughput"] == pytest.approx(throughput([(0, 0.0, s["seconds"], s["images"]) for s in steps[1:]]))
+    assert (summary["timed_steps"], summary["warmup_steps"]) == (3, 1)
+
+    # iterations > 0: that many batches, cycling over the test split
+    spec = write_spec(tmp_path / "cycle", mode="inference", optimizer=None, lr=None, momentum=None,
+                      weight_decay=None, epochs=None, iterations=6, synthetic_test=64, warmup_steps=1)
+    assert run_harness(torch_python, stage, spec).returncode == 0
+    steps = [e for e in events_of(tmp_path / "cycle") if e["type"] == "step"]
+    assert [(s["epoch"], s["images"]) for s in steps] == [(0, 32), (0, 32), (1, 32), (1, 32), (2, 32), (2, 32)]
+
+
+@pytest.mark.slow
+def test_layer_profile_of_lenet5(torch_python: Path, stage: Path, tmp_path: Path) -> None:
+    from matrun.runner.harness.models import LENET5, walk
+
+    spec = write_spec(tmp_path, layer_profile=True, epochs=1)
+    out = run_harness(torch_python, stage, spec)
+    assert out.returncode == 0, out.stderr
+    events = events_of(tmp_path)
+    types = [e["type"] for e in events]
+    assert types[-2 - len(LENET5):] == ["layer"] * len(LENET5) + ["summary", "end"]
+    assert types.index("layer") > max(i for i, t in enumerate(types) if t == "epoch")
+    layers = [e for e in events if e["type"] == "layer"]
+    assert [(e["name"], e["kind"], e["index"]) for e in layers] == [(l[1], l[0], i) for i, l in enumerate(LENET5)]
+    counted = {w["name"]: w for w in walk("lenet5", (1, 28, 28), 10)}
+    for e in layers:
+        assert EVENT_KEYS["layer"] <= set(e)
+        assert e["forward_seconds"] > 0 and e["backward_seconds"] > 0, e
+        assert e["repeats"] == 20 and e["images"] == 32
+        expected = counted.get(e["name"], {"params": 0, "flops": 0})
+        assert (e["params"], e["flops"]) == (expected["params"], expected["flops"])
+    assert [e["flops"] for e in layers if e["kind"] == "conv"] == [235_200, 480_000]
+    assert sum(e["params"] for e in layers) == 61_706
+
+
+@pytest.mark.slow
+def test_onednn_check_counts_primitives(torch_python: Path, stage: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "on", onednn_check=True, epochs=1, synthetic_train=64, synthetic_test=32)
+    out = run_harness(torch_python, stage, spec)
+    assert out.returncode == 0, out.stderr
+    probe = only(events_of(tmp_path / "on"), "probe")
+    assert probe["onednn_primitives"] > 0 and probe["onednn_primitive_kinds"]["convolution"] > 0
+    assert probe["onednn_verbose_sample"][0].startswith("onednn_verbose,v1,primitive,exec,cpu,")
+    assert 0 < probe["onednn_check_seconds"] < 60 and probe["mismatches"] == []
+    assert "onednn_verbose" not in out.stdout  # the verbose run's output stays in the check
+
+    # torch.backends.mkldnn.enabled = False really stops every oneDNN primitive (torch 2.13:
+    # convolutions and, under bf16 autocast, matmuls are oneDNN's; linear layers in fp32 are MKL's).
+    spec = write_spec(tmp_path / "off", onednn=False, onednn_check=True, epochs=1, synthetic_train=64,
+                      synthetic_test=32, precision="bf16")
+    out = run_harness(torch_python, stage, spec)
+    assert out.returncode == 0, out.stderr
+    probe = only(events_of(tmp_path / "off"), "probe")
+    assert probe["onednn_primitives"] == 0 and probe["mismatches"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", [{"precision": "bf16"}, {"layout": "nhwc"}], ids=["bf16", "nhwc"])
+def test_precision_and_layout_runs(torch_python: Path, stage: Path, tmp_path: Path, change: dict[str, Any]) -> None:
+    spec = write_spec(tmp_path, epochs=2, **change)
+    out = run_harness(torch_python, stage, spec)
+    assert out.returncode == 0, out.stderr
+    events = events_of(tmp_path)
+    probe = only(events, "probe")
+    assert probe["mismatches"] == []
+    assert probe["in_force"]["layout"] == change.get("layout", "nchw")
+    assert probe["in_force"]["precision"] == change.get("precision", "fp32")
+    assert only(events, "summary")["accuracy"] > 0.5
