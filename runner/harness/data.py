@@ -204,7 +204,7 @@ def load_idx_split(root: Path, split: str, *, classes: int,
     if labels and max(labels) >= classes:
         raise DataError(f"{label_path}: label {max(labels)} is out of range for {classes} classes")
     shape = (1, dims[1], dims[2]) if len(dims) == 3 else (dims[1], dims[2], dims[3])
-    return shape, Split(images, array("q", labels))
+    return shape, Split(images, array("q", list(labels)))
 
 
 def load_idx_dataset(root: Path, *, name: str, classes: int) -> Dataset:
