@@ -546,6 +546,30 @@ def test_safe_pickle_refuses_builtins_and_objects() -> None:
         safe_pickle.load(io.BytesIO(py2_pickle(NpArray((3,), "u1", b"ab"))), source="p")
 
 
+# pickle.dumps({b"data": np.arange(6, dtype=np.uint8).reshape(2, 3), b"labels": np.array([7, 9])},
+# protocol=P) by numpy 2.4.6 (Python 3.11): real files, written where numpy was installed
+NUMPY2_PICKLES = {
+    2: "gAJ9cQAoY19jb2RlY3MKZW5jb2RlCnEBWAQAAABkYXRhcQJYBgAAAGxhdGluMXEDhnEEUnEFY251bXB5Ll9jb3JlLm11bHRpYXJyYXkK"
+       "X3JlY29uc3RydWN0CnEGY251bXB5Cm5kYXJyYXkKcQdLAIVxCGgBWAEAAABicQloA4ZxClJxC4dxDFJxDShLAUsCSwOGcQ5jbnVtcHkK"
+       "ZHR5cGUKcQ9YAgAAAHUxcRCJiIdxEVJxEihLA1gBAAAAfHETTk5OSv////9K/////0sAdHEUYoloAVgGAAAAAAECAwQFcRVoA4ZxFlJx"
+       "F3RxGGJoAVgGAAAAbGFiZWxzcRloA4ZxGlJxG2gGaAdLAIVxHGgLh3EdUnEeKEsBSwKFcR9oD1gCAAAAaThxIImIh3EhUnEiKEsDWAEA"
+       "AAA8cSNOTk5K/////0r/////SwB0cSRiiWgBWBAAAAAHAAAAAAAAAAkAAAAAAAAAcSVoA4ZxJlJxJ3RxKGJ1Lg==",
+    5: "gAWV3QAAAAAAAAB9lChDBGRhdGGUjBNudW1weS5fY29yZS5udW1lcmljlIwLX2Zyb21idWZmZXKUk5QolgYAAAAAAAAAAAECAwQFlIwF"
+       "bnVtcHmUjAVkdHlwZZSTlIwCdTGUiYiHlFKUKEsDjAF8lE5OTkr/////Sv////9LAHSUYksCSwOGlIwBQ5R0lFKUQwZsYWJlbHOUaAQo"
+       "lhAAAAAAAAAABwAAAAAAAAAJAAAAAAAAAJRoCIwCaTiUiYiHlFKUKEsDjAE8lE5OTkr/////Sv////9LAHSUYksChZRoD3SUUpR1Lg==",
+}
+
+
+@pytest.mark.parametrize("protocol", sorted(NUMPY2_PICKLES))
+def test_safe_pickle_reads_numpy_2_pickles(protocol: int) -> None:
+    import base64
+
+    obj = safe_pickle.load(io.BytesIO(base64.b64decode(NUMPY2_PICKLES[protocol])), source="p")
+    images, labels = obj[b"data"], obj[b"labels"]
+    assert (images.shape, images.dtype, images.data) == ((2, 3), "|u1", bytes(range(6)))
+    assert (labels.shape, labels.dtype, labels.data) == ((2,), "<i8", struct.pack("<2q", 7, 9))
+
+
 @pytest.mark.parametrize("damage, message", [
     ("labels", "{a}: data_batch_2: label 1 is 10, out of range for 10 classes (0…9)"),
     ("count", "{a}: test_batch: 2 images but labels 3"),
