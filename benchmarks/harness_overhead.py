@@ -22,7 +22,7 @@ from pathlib import Path
 import duckdb
 
 from matrun.runner.envs import ensure_env
-from matrun.runner.plan import DEFAULT_DATA_DIR
+from matrun.runner.datasets import default_data_dir
 
 HERE = Path(__file__).resolve().parent
 MATRUN = str(Path(sys.executable).with_name("matrun"))
@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--data", type=Path, default=default_data_dir())
     a = parser.parse_args()
     python = ensure_env("torch", "cpu").python
     ratios, sweeps, bares = [], [], []

@@ -252,6 +252,11 @@ def envs(
     out.print(table)
 
 
+from matrun.runner.cli_data import data_app  # noqa: E402  (after _errors, which it uses)
+
+app.add_typer(data_app, name="data")
+
+
 def main() -> None:
     app()
 

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from matrun.errors import DataError, InputError, MatrunError
+from matrun.runner.datasets import default_data_dir
+from matrun.runner.harness import DataError as CellDataError
+from matrun.runner.harness import data as cell_data
 from matrun.runner.matrix import CellParams, Matrix, _plain
 from matrun.runner.params import PARAMS, cpuset_cpus
 
-DEFAULT_DATA_DIR = Path("/usr/share/datasets")
-IDX_TRAIN = "train-images-idx3-ubyte"
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,7 @@ def _as_text(value: Any) -> str:
 
 
 def resolve_data_dir(matrix: Matrix) -> Path:
-    if matrix.sweep.data_dir is not None:
-        return matrix.sweep.data_dir
-    env = os.environ.get("MATRUN_DATA")
-    return Path(env) if env else DEFAULT_DATA_DIR
+    return matrix.sweep.data_dir or default_data_dir()
 
 
 def preflight(cells: Sequence[PlannedCell], data_dir: Path) -> None:
@@ -109,12 +107,11 @@ def preflight(cells: Sequence[PlannedCell], data_dir: Path) -> None:
             raise MatrunError(f"cell {pc.cell.label}: asks for {asked} GPU(s); this host has {gpus_here} "
                               "(counted as /dev/nvidia<N> devices); run it on a GPU host or use device = \"cpu\"")
     for dataset in sorted({pc.cell.values["dataset"] for pc in cells} - {"synthetic"}):
-        folder = data_dir / dataset
-        if not any((folder / f"{IDX_TRAIN}{ext}").is_file() for ext in ("", ".gz")):
-            hint = ("install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist)"
-                    if dataset == "fashion-mnist" else f"put the official IDX files in {folder}")
-            raise DataError(f"dataset {dataset!r} not found: no {folder / IDX_TRAIN}[.gz]; {hint}, "
-                            f"or point [sweep] data_dir / MATRUN_DATA at the directory holding {dataset}/")
+        try:
+            cell_data.require(data_dir, dataset)
+        except CellDataError as exc:
+            raise DataError(f"dataset {dataset!r}: {exc}; or point [sweep] data_dir / MATRUN_DATA "
+                            f"at the directory holding {dataset}/") from None
 
 
 def host_gpus() -> int:

@@ -232,7 +232,7 @@ def test_missing_dataset_is_a_clear_error_before_anything_runs(tmp_path):
     (tmp_path / "matrix.toml").write_text(f'[sweep]\ndata_dir = "{tmp_path / "data"}"\n[fixed]\ndataset = "fashion-mnist"\n')
     proc = matrun("sweep", cwd=tmp_path, check=False)
     assert proc.returncode == 1
-    assert "Error: dataset 'fashion-mnist' not found" in proc.stderr
+    assert "Error: dataset 'fashion-mnist': dataset directory not found" in proc.stderr
     assert "apt-get install dataset-fashion-mnist" in proc.stderr
     assert not (tmp_path / "results").exists()
 
