@@ -91,6 +91,42 @@ def test_every_network_has_the_zoo_parameter_count_and_shapes(tf_env, tf_stage):
 
 
 @pytest.mark.slow
+def test_data_parallel_step_equals_the_single_device_step(tf_env, tf_stage):
+    """The MirroredStrategy step of gpus > 1, over two logical CPUs (no GPU here): each replica
+    takes every other sample, gradients are summed, so losses and weights equal one device's."""
+    script = textwrap.dedent("""
+        import json
+        from matrun.runner.harness.adapters import tensorflow as a
+        a.configure(dict(threads=2, interop_threads="unset", onednn=True, device="cpu", conv_algo="heuristic",
+                         seed=0, layout="nhwc", precision="fp32"))
+        tf, keras = a.tf, a.keras
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        params = dict(optimizer="sgd", lr=0.01, momentum=0.9, precision="fp32", weight_decay=0.0)
+        x = tf.random.normal((64, 28, 28, 1), seed=1)
+        y = tf.random.uniform((64,), 0, 10, dtype=tf.int64, seed=2)
+        found = []
+        for strategy in (None, tf.distribute.MirroredStrategy(devices=["/cpu:0", "/cpu:1"])):
+            keras.utils.set_random_seed(0)
+            with (strategy.scope() if strategy else tf.device("/CPU:0")):
+                net = a.build("lenet5", (1, 28, 28), 10, "nhwc")
+                opt = a.make_optimizer(params)
+                opt.build(net.model.trainable_variables)
+            step = a.train_step(net.model, opt, 0.0, (1, 28, 28), "nhwc", strategy)
+            sums = [[float(t) for t in step(x, y)] for _ in range(3)] + [[float(t) for t in step(x[:37], y[:37])]]
+            found.append([sums, [float(tf.reduce_sum(v)) for v in net.model.trainable_variables]])
+        print(json.dumps(found))
+    """)
+    proc = subprocess.run([str(tf_env.python), "-c", script], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(tf_stage), "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    (one_sums, one_weights), (two_sums, two_weights) = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [s[0] for s in two_sums] == pytest.approx([s[0] for s in one_sums], rel=1e-5)  # summed losses
+    assert [s[1] for s in two_sums] == [s[1] for s in one_sums]  # correct counts
+    assert two_weights == pytest.approx(one_weights, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.slow
 def test_harness_run_writes_every_event_type(tmp_path, tf_env, tf_stage):
     spec = write_spec(tmp_path / "run", **TF, epochs=2, threads=1, interop_threads=1, layer_profile=True,
                       onednn_check=True)
