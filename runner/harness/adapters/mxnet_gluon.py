@@ -146,8 +146,8 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
 
 def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
     ctxs = _contexts(params)
-    x_train, y_train = _arrays(dataset.train, dataset.shape)
-    x_test, y_test = _arrays(dataset.test, dataset.shape)
+    x_train, y_train = _arrays(dataset.train, dataset.shape, ctxs[0])
+    x_test, y_test = _arrays(dataset.test, dataset.shape, ctxs[0])
     amp = _amp(params)
     net = build(params["model"], dataset.shape, dataset.classes)
     net.initialize(_initializer(), ctx=ctxs)
@@ -182,7 +182,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
 def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
     """Forward passes over the test split in batches (cycling): ``iterations`` or one pass."""
     ctxs = _contexts(params)
-    x, _ = _arrays(dataset.test, dataset.shape)
+    x, _ = _arrays(dataset.test, dataset.shape, ctxs[0])
     _amp(params)
     net = build(params["model"], dataset.shape, dataset.classes)
     net.initialize(_initializer(), ctx=ctxs)
@@ -221,8 +221,7 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
     training = params["mode"] == "train"
     split = dataset.train if training else dataset.test
     ctx = list(model.collect_params().values())[0].list_ctx()[0]
-    x, y = _arrays(split, dataset.shape, limit=params["batch_size"])
-    x, y = x.as_in_context(ctx), y.as_in_context(ctx)
+    x, y = _arrays(split, dataset.shape, ctx, limit=params["batch_size"])
     layers = list(model._children.values())  # one child per zoo layer, in order
     inputs, outputs = [], []
     h = x
@@ -509,13 +508,13 @@ def _input(params: dict[str, Any]) -> tuple[tuple[int, int, int], int]:
     return IDX_SHAPES.get(params["dataset"], (1, 28, 28)), 10
 
 
-def _arrays(split: Split, shape: tuple[int, int, int], limit: int | None = None) -> tuple[Any, Any]:
-    """float32 images normalised to [-1, 1] (mean 0.5, std 0.5 after /255) and float32 labels, on the CPU."""
+def _arrays(split: Split, shape: tuple[int, int, int], ctx: Any, limit: int | None = None) -> tuple[Any, Any]:
+    """float32 images normalised to [-1, 1] (mean 0.5, std 0.5 after /255) and float32 labels on ``ctx``."""
     count = split.count if limit is None else min(limit, split.count)
     pixels = np.frombuffer(bytes(split.images), dtype=np.uint8)[:count * shape[0] * shape[1] * shape[2]]
     x = (pixels.reshape(count, *shape).astype(np.float32) / 255.0 - 0.5) / 0.5
     y = np.frombuffer(bytes(split.labels), dtype=np.int64)[:count].astype(np.float32)
-    return mx.nd.array(x, dtype="float32"), mx.nd.array(y, dtype="float32")
+    return mx.nd.array(x, ctx=ctx, dtype="float32"), mx.nd.array(y, ctx=ctx, dtype="float32")
 
 
 def _contexts(params: dict[str, Any]) -> list[Any]:
