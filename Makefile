@@ -14,9 +14,11 @@ install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q '.[test]'
 
+# Debian packages: real Fashion-MNIST, and the OpenMP / quadmath runtimes MXNet's wheel links.
 data:
-	test -f $(FASHION) || { $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq dataset-fashion-mnist; }
+	{ test -f $(FASHION) && ldconfig -p | grep -q 'libgomp.so.1 ' && ldconfig -p | grep -q 'libquadmath.so.0 '; } || \
+	{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+	  dataset-fashion-mnist libgomp1 libquadmath0; }
 
 demo: install data
 	$(BIN)/matrun envs --build matrix.toml
