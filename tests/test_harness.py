@@ -320,6 +320,27 @@ def test_zoo_parameter_counts_match_models(torch_python: Path, stage: Path) -> N
 
 
 @pytest.mark.slow
+def test_gpu_switches_as_configured(torch_python: Path, stage: Path) -> None:
+    """No GPU here: check what ``configure`` sets for a gpu cell (the cuDNN / matmul flags are
+    plain settings that exist without CUDA) and that ``layout`` reaches the conv weights."""
+    code = (
+        "import json, sys, torch\n"
+        "from matrun.runner.harness.adapters import pytorch\n"
+        "for change in json.loads(sys.argv[2]):\n"
+        "    params = {**json.loads(sys.argv[1]), **change}\n"
+        "    pytorch.configure(params)\n"
+        "    print(torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,\n"
+        "          torch.backends.cudnn.benchmark, pytorch._asked_device(params), pytorch._weight_layout(params['layout']))\n"
+    )
+    changes = [{"device": "gpu", "gpus": 1, "precision": "tf32", "conv_algo": "autotune"},
+               {"device": "gpu", "gpus": 2, "precision": "fp32", "conv_algo": "heuristic", "layout": "nhwc"}]
+    out = subprocess.run([str(torch_python), "-c", code, json.dumps(BASE_PARAMS), json.dumps(changes)],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(stage)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["True True True cuda:0 nchw", "False False False cuda:0 nhwc"]
+
+
+@pytest.mark.slow
 def test_synthetic_run_writes_every_event(torch_python: Path, stage: Path, tmp_path: Path) -> None:
     spec = write_spec(tmp_path / "run", onednn_check=True)
     out = run_harness(torch_python, stage, spec)
@@ -727,7 +748,7 @@ def test_onednn_off_runs_no_onednn_primitive(torch_python: Path, stage: Path, tm
 
 @pytest.mark.slow
 def test_bf16_and_nhwc_run_on_the_cpu(torch_python: Path, stage: Path, tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, epochs=2, precision="bf16", layout="nhwc")
+    spec = write_spec(tmp_path, precision="bf16", layout="nhwc")
     out = run_harness(torch_python, stage, spec)
     assert out.returncode == 0, out.stderr
     events = events_of(tmp_path)

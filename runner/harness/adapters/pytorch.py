@@ -280,7 +280,8 @@ def _emit_model(log: EventLog, params: dict[str, Any], dataset: Dataset, model: 
 
 def _weight_layout(asked: str) -> str:
     """The memory format torch really gives a conv weight converted for ``asked``."""
-    conv = nn.Conv2d(3, 8, 3)
+    with torch.random.fork_rng(devices=[]):  # the model's initialisation must not move
+        conv = nn.Conv2d(3, 8, 3)
     if asked == "nhwc":
         conv = conv.to(memory_format=torch.channels_last)
     weight = conv.weight
