@@ -226,7 +226,8 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
     net: Network = model
     training = params["mode"] != "inference"
     split = dataset.train if training else dataset.test
-    placement = _placement(params)
+    gpu = params["device"] == "gpu"  # one device: the layers alone, without the strategy
+    placement = Placement("/GPU:0" if gpu else "/CPU:0", None, 1 if gpu else 0)
     with placement.scope():
         x, y = tensors(split.head(params["batch_size"]), dataset.shape, params["layout"])
         inputs, outputs = [x], []
@@ -296,23 +297,32 @@ def thread_census() -> dict[str, int]:
 
 @dataclass
 class Placement:
-    """Where the model runs: a device scope, or a MirroredStrategy over several GPUs."""
+    """Where the model runs: a device scope, or a MirroredStrategy over ``gpus`` GPUs."""
 
     device: str
     strategy: Any = None
+    gpus: int = 0  # GPUs used (0 on the CPU)
 
     def scope(self) -> Any:
         return self.strategy.scope() if self.strategy is not None else tf.device(self.device)
 
     def sync(self) -> None:
-        if self.device.startswith("/GPU"):
+        if self.gpus:
             tf.test.experimental.sync_devices()
 
+    def reset_peak_memory(self) -> None:
+        for index in range(self.gpus):
+            try:
+                tf.config.experimental.reset_memory_stats(f"GPU:{index}")
+            except (ValueError, RuntimeError):
+                pass
+
     def peak_memory(self) -> int | None:
-        if not self.device.startswith("/GPU"):
+        """Peak bytes allocated, summed over the GPUs used; None on the CPU or if unknown."""
+        if not self.gpus:
             return None
         try:
-            return int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
+            return sum(int(tf.config.experimental.get_memory_info(f"GPU:{i}")["peak"]) for i in range(self.gpus))
         except (ValueError, KeyError, RuntimeError):
             return None
 
@@ -328,9 +338,10 @@ def _placement(params: dict[str, Any]) -> Placement:
     count = params["gpus"] or 1
     if count > len(gpus):
         raise HarnessError(f"{count} GPUs were asked but TensorFlow sees {len(gpus)}")
-    if count == 1:
-        return Placement("/GPU:0")
-    return Placement("/GPU:0", tf.distribute.MirroredStrategy(devices=[f"/GPU:{i}" for i in range(count)]))
+    strategy = tf.distribute.MirroredStrategy(devices=[f"/GPU:{i}" for i in range(count)]) if count > 1 else None
+    placement = Placement("/GPU:0", strategy, count)
+    placement.reset_peak_memory()
+    return placement
 
 
 # --- models ----------------------------------------------------------------------------
