@@ -283,3 +283,13 @@ def test_adapter_check_refuses_what_it_cannot_build():
     assert tf_adapter.check({**base, "model": "vgg"}).startswith("[params -> model] unknown model")
     assert tf_adapter.check({**base, "model": "alexnet"}).startswith("[params -> synthetic_shape] alexnet needs")
     assert tf_adapter.check({**base, "model": "resnet50", "synthetic_shape": [3, 64, 64]}) is None
+    # a spec made by hand gets the plan-time refusals too (a bad spec, exit 2, instead of a crash)
+    assert tf_adapter.check({**base, "onednn": False}).startswith(
+        "[params -> layout] TensorFlow's Eigen CPU kernels (onednn = false) support only NHWC")
+    assert tf_adapter.check({**base, "onednn": False, "layout": "nhwc"}) is None
+    assert tf_adapter.check({**base, "precision": "tf32"}).startswith("[params -> precision] TF32")
+
+
+def test_framework_default_preset_is_the_keras_example():
+    cell = plan(preset="framework-default")
+    assert (cell["optimizer"], cell["lr"], cell["batch_size"], cell["epochs"]) == ("adam", 0.001, 128, 15)

@@ -60,9 +60,15 @@ keras: Any = None  # keras 3 (TensorFlow backend)
 
 
 def check(params: dict[str, Any]) -> str | None:
+    """What TensorFlow cannot run (the host refuses the same through framework.toml)."""
     model = params["model"]
     if model not in ZOO:
         return f"[params -> model] unknown model {model!r} for tensorflow (known: {', '.join(ZOO)})"
+    if params["device"] == "cpu" and params["precision"] == "tf32":
+        return "[params -> precision] TF32 is a feature of NVIDIA Ampere and later GPUs"
+    if params["device"] == "cpu" and params["layout"] == "nchw" and not params["onednn"]:
+        return ("[params -> layout] TensorFlow's Eigen CPU kernels (onednn = false) support only NHWC "
+                "convolutions; use layout = \"nhwc\"")
     if params["dataset"] == "synthetic":
         shape, classes, key = tuple(params["synthetic_shape"]), params["synthetic_classes"], "synthetic_shape"
     elif params["dataset"] in DATASET_SHAPES:
