@@ -645,18 +645,28 @@ def test_onednn_verbose_lines_are_counted() -> None:
 def test_onednn_check_mismatches_and_failures() -> None:
     from matrun.runner.harness.probe import add_onednn_check, probe_params
 
-    def check(primitives: int | None, error: str | None = None) -> dict[str, Any]:
-        return {"primitives": primitives, "kinds": {}, "sample": [], "seconds": 2.5, "error": error}
+    def check(primitives: int | None, error: str | None = None, kinds: dict | None = None) -> dict[str, Any]:
+        return {"primitives": primitives, "kinds": kinds or {"convolution": primitives or 0},
+                "sample": [], "seconds": 2.5, "error": error}
 
     for onednn, primitives, mismatch in [
         (True, 0, "onednn: asked true, but no oneDNN primitive ran (verbose check)"),
-        (False, 7, "onednn: asked false, but 7 oneDNN primitives ran (verbose check)"),
+        (False, 7, "onednn: asked false, but 7 oneDNN layer primitives ran (verbose check)"),
         (True, 7, None), (False, 0, None),
     ]:
         fields: dict[str, Any] = {"mismatches": []}
         assert add_onednn_check(fields, {"onednn": onednn}, check(primitives)) == []
         assert fields["mismatches"] == ([mismatch] if mismatch else [])
         assert fields["onednn_primitives"] == primitives and fields["onednn_check_seconds"] == 2.5
+
+    # oneDNN's gemm API called for plain matrix products (TensorFlow's Eigen path) is not a
+    # layer primitive: counted, but not a mismatch of onednn = false.
+    fields = {"mismatches": []}
+    add_onednn_check(fields, {"onednn": False}, check(9, kinds={"gemm_api": 7, "reorder": 2}))
+    assert fields["mismatches"] == ["onednn: asked false, but 2 oneDNN layer primitives ran (verbose check)"]
+    fields = {"mismatches": []}
+    add_onednn_check(fields, {"onednn": False}, check(7, kinds={"gemm_api": 7}))
+    assert fields["mismatches"] == [] and fields["onednn_primitives"] == 7
 
     fields = {"mismatches": []}
     notes = add_onednn_check(fields, {"onednn": True}, check(None, "the verbose run exited 1: Error: boom"))

@@ -217,10 +217,9 @@ def test_onednn_off_reaches_the_cell(tmp_path, tf_env):
     assert probe["in_force"]["onednn"] is False
     assert probe["in_force"]["layout"] == "channels_last"
     # Eigen's matrix products still call oneDNN's gemm with the oneDNN rewrite off: the check
-    # sees them (and only them), and says so.
-    assert set(probe["onednn_primitive_kinds"]) == {"gemm_api"}
-    assert probe["mismatches"] == [f"onednn: asked false, but {probe['onednn_primitives']} oneDNN primitives "
-                                   "ran (verbose check)"]
+    # counts them (and only them), and since no oneDNN layer primitive ran, flags nothing.
+    assert set(probe["onednn_primitive_kinds"]) == {"gemm_api"} and probe["onednn_primitives"] > 0
+    assert probe["mismatches"] == []
     assert "oneDNN custom operations are on" not in (run_dir / "stderr.log").read_text()
 
 
