@@ -259,7 +259,7 @@ def _parse_fixed(raw: Any, errors: _Errors) -> dict[str, Any]:
     return {k: _check_value(("fixed", k), k, v, errors) for k, v in raw.items()}
 
 
-def _parse_list(where: tuple[Any, ...], key: str, values: Any, errors: _Errors) -> list[Any]:
+def _parse_list(where: tuple[Any, ...], key: str, values: Any, errors: _Errors, *, unique: bool = True) -> list[Any]:
     if not isinstance(values, list):
         errors.add(where, f"expected a list of values, got {show(values)}")
         return []
@@ -270,7 +270,7 @@ def _parse_list(where: tuple[Any, ...], key: str, values: Any, errors: _Errors) 
         errors.add(where, f"unknown parameter; known: {', '.join(PARAMS)}")
         return []
     checked = [_check_value((*where, i), key, v, errors) for i, v in enumerate(values)]
-    if len({repr(v) for v in checked}) != len(checked):
+    if unique and len({repr(v) for v in checked}) != len(checked):
         errors.add(where, "lists the same value twice")
     return checked
 
@@ -291,11 +291,14 @@ def _parse_zips(raw: Any, errors: _Errors) -> list[dict[str, list[Any]]]:
         if not isinstance(group, dict) or not group:
             errors.add(("zip", n), "expected a table of parameter = [values] of equal length")
             continue
-        parsed = {k: _parse_list(("zip", n, k), k, v, errors) for k, v in group.items()}
+        # Within a zip a value may repeat (batch 64 with two learning rates); rows may not.
+        parsed = {k: _parse_list(("zip", n, k), k, v, errors, unique=False) for k, v in group.items()}
         lengths = {k: len(v) for k, v in parsed.items()}
         if len(set(lengths.values())) > 1:
             listed = ", ".join(f"{k} has {n_}" for k, n_ in lengths.items())
             errors.add(("zip", n), f"zipped lists must have the same length: {listed}")
+        elif len({repr(row) for row in zip(*parsed.values())}) != _zip_len(parsed):
+            errors.add(("zip", n), "lists the same combination twice")
         groups.append(parsed)
     return groups
 

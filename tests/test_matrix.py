@@ -291,3 +291,11 @@ def test_identity_leaves_out_defaults_so_new_parameters_keep_old_ids(tmp_path):
     assert cell.identity == {"threads": 2, "batch_size": 128}
     (explicit,) = load_matrix(write(tmp_path, '[fixed]\nthreads = 2\nbatch_size = 128\nlayout = "nchw"\n')).cells
     assert cell_id(explicit.identity, "e") == cell_id(cell.identity, "e")
+
+
+def test_zip_values_may_repeat_but_rows_may_not(tmp_path):
+    cells = load_matrix(write(tmp_path, "[[zip]]\nbatch_size = [64, 64, 128]\nlr = [0.01, 0.05, 0.05]\n")).cells
+    assert [(c.values["batch_size"], c.values["lr"]) for c in cells] == [(64, 0.01), (64, 0.05), (128, 0.05)]
+    with pytest.raises(MatrixError) as info:
+        load_matrix(write(tmp_path, "[[zip]]\nbatch_size = [64, 64]\nlr = [0.01, 0.01]\n"))
+    assert str(info.value) == "matrix.toml: [zip -> 0] lists the same combination twice"
