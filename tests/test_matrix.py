@@ -229,7 +229,8 @@ def test_missing_and_unreadable_file(tmp_path):
 def test_repository_matrix_is_valid():
     repo_matrix = Path(__file__).resolve().parents[1] / "matrix.toml"
     m = load_matrix(repo_matrix)
-    assert len(m.cells) == 4 and m.sweep.repeats == 2
+    assert len(m.cells) == 6 and m.sweep.repeats == 2
+    assert {c.values["framework"] for c in m.cells} == {"torch", "tensorflow", "mxnet"}
 
 
 # -- knobs, presets and what a framework cannot do -------------------------------------------
@@ -299,3 +300,10 @@ def test_zip_values_may_repeat_but_rows_may_not(tmp_path):
     with pytest.raises(MatrixError) as info:
         load_matrix(write(tmp_path, "[[zip]]\nbatch_size = [64, 64]\nlr = [0.01, 0.01]\n"))
     assert str(info.value) == "matrix.toml: [zip -> 0] lists the same combination twice"
+
+
+def test_every_study_in_the_repository_is_valid():
+    studies = sorted((Path(__file__).resolve().parents[1] / "studies").glob("*.toml"))
+    assert studies
+    for path in studies:
+        assert load_matrix(path).cells, path
