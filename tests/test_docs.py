@@ -59,3 +59,15 @@ def test_the_complete_example_in_the_matrix_docs_expands_as_described(tmp_path):
     assert "11 cells, 33 runs" in doc
     assert (len(m.cells), len(m.cells) * m.sweep.repeats) == (11, 33)
     assert m.cells[-1].values["timeout"] == 1800.0 and m.cells[0].values["timeout"] == 900.0
+
+
+def test_every_framework_has_its_adapter_and_its_pins():
+    from matrun.runner.frameworks import frameworks
+    from matrun.runner.harness.adapters import ADAPTERS
+
+    described = {name: fw.adapter for name, fw in frameworks().items()}
+    assert described == ADAPTERS  # images/<name>/framework.toml and the harness registry agree
+    for name in described:
+        assert (ROOT / "images" / name / "requirements-cpu.txt").is_file()
+        assert (ROOT / "runner" / "harness" / "adapters" / f"{described[name]}.py").is_file()
+        assert (ROOT / "docs" / "frameworks" / f"{name}.md").is_file()
