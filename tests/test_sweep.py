@@ -308,3 +308,35 @@ def test_sigterm_cancels_the_running_cell_and_keeps_finished_runs(tmp_path, torc
     assert "sweep term: 1 runs (1 ok); 1 already done" in resumed.stdout
     assert sql(tmp_path / "matrun.duckdb", "SELECT status, attempt FROM runs ORDER BY status, attempt") == [
         ("cancelled", 1), ("ok", 1), ("ok", 2)]
+
+
+@pytest.mark.slow
+def test_layer_profile_and_inference_cells_land_in_the_warehouse(tmp_path, torch_env):
+    (tmp_path / "matrix.toml").write_text("""
+[sweep]
+name = "layers"
+[fixed]
+dataset = "synthetic"
+synthetic_train = 128
+synthetic_test = 64
+batch_size = 32
+warmup_steps = 1
+threads = 1
+onednn_check = false
+[[include]]
+layer_profile = true
+[[include]]
+mode = "inference"
+iterations = 6
+""")
+    assert "3 runs (3 ok)" in matrun("sweep", cwd=tmp_path).stdout  # the plain cell and two includes
+    db = tmp_path / "matrun.duckdb"
+    layers = sql(db, "SELECT name, kind, forward_s_median > 0, backward_s_median > 0, flops FROM layer_breakdown "
+                     "ORDER BY layer_index")
+    assert [row[0] for row in layers] == ["conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "flatten",
+                                          "fc1", "relu3", "fc2", "relu4", "fc3"]
+    assert all(fwd and bwd for _, _, fwd, bwd, _ in layers)
+    assert layers[0][4] == 2 * 1 * 6 * 5 * 5 * 28 * 28  # conv1's FLOPs per sample, as models.walk says
+    ((mode, acc, ips, inf_s),) = sql(db, "SELECT mode, accuracy, throughput, inference_seconds FROM run_overview "
+                                         "WHERE mode = 'inference'")
+    assert acc is None and ips > 0 and inf_s > 0
