@@ -38,3 +38,11 @@ def torch_env():
     from matrun.runner.envs import ensure_env
 
     return ensure_env("torch", "cpu")
+
+
+@pytest.fixture(scope="session")
+def stage() -> Path:
+    """The staged harness, exactly as the host puts it on a cell's PYTHONPATH."""
+    from matrun.runner.envs import stage_harness
+
+    return stage_harness()

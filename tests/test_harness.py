@@ -12,7 +12,6 @@ import ast
 import gzip
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,8 +21,6 @@ from typing import Any
 
 import pytest
 
-import matrun
-import matrun.runner
 from matrun.runner import harness
 from matrun.runner.harness import DataError, SpecError, data, load_spec
 from matrun.runner.harness.adapters import known_frameworks
@@ -61,20 +58,6 @@ IN_FORCE_KEYS = {"threads", "interop_threads", "affinity", "onednn", "device"}
 
 
 # --- helpers ---------------------------------------------------------------------------
-
-
-def build_stage(root: Path) -> Path:
-    """A PYTHONPATH entry holding the installed ``matrun`` root and its ``runner`` folder only."""
-    package = root / "matrun"
-    package.mkdir(parents=True)
-    shutil.copy(matrun.__file__, package / "__init__.py")
-    (package / "runner").symlink_to(Path(matrun.runner.__file__).parent, target_is_directory=True)
-    return root
-
-
-@pytest.fixture(scope="session")
-def stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_stage(tmp_path_factory.mktemp("stage"))
 
 
 def write_spec(run_dir: Path, data_dir: Path | str = "/nonexistent", **params: Any) -> Path:

@@ -121,7 +121,7 @@ def test_gpu_cells_are_refused_on_a_host_without_gpus(tmp_path):
     from matrun.runner.plan import host_gpus, plan_cells, preflight
 
     if host_gpus():
-        pytest.skip("this host has GPUs; the refusal is for hosts without")
+        pytest.skip(reason="this host has GPUs; the refusal is for hosts without")
     (tmp_path / "matrix.toml").write_text('[fixed]\ndataset = "synthetic"\ndevice = "gpu"\ngpus = 2\n')
     cells = plan_cells(load_matrix(tmp_path / "matrix.toml"), lambda fw, v: "env")
     with pytest.raises(MatrunError) as info:

@@ -16,12 +16,11 @@ from matrun.runner.executors.local import cell_environment
 from matrun.runner.harness import models
 from matrun.runner.harness.adapters import mxnet_gluon
 from matrun.runner.matrix import parse_matrix
-from test_harness import EVENT_KEYS, events_of, only, run_harness, write_spec
+from test_harness import EVENT_KEYS, ZOO_PARITY, events_of, only, run_harness, write_spec
 from test_local_executor import run_cell
 
 MX = {"framework": "mxnet", "env_id": "mxnet-cpu-test"}
-ZOO = [("lenet5", (1, 28, 28), 10), ("cifar_cnn", (3, 32, 32), 10), ("alexnet", (3, 224, 224), 1000),
-       ("resnet18", (3, 224, 224), 1000), ("resnet50", (3, 224, 224), 1000)]
+ZOO = [zoo[:3] for zoo in ZOO_PARITY]
 
 
 @pytest.fixture(scope="session")
@@ -33,13 +32,8 @@ def mxnet_env():
 
 
 @pytest.fixture(scope="session")
-def mx_stage() -> Path:
-    """The real staged copy of the harness.  (test_harness.build_stage symlinks the installed
-    package, and the oneDNN check then puts the host's site-packages — numpy 2 — on the
-    verbose run's PYTHONPATH, which MXNet 1.9.1 cannot import.)"""
-    from matrun.runner.envs import stage_harness
-
-    return stage_harness()
+def mx_stage(stage: Path) -> Path:
+    return stage
 
 
 def plan(**fixed: Any) -> dict[str, Any]:

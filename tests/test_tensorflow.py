@@ -17,12 +17,11 @@ from matrun.runner.executors.local import cell_environment
 from matrun.runner.harness import models
 from matrun.runner.harness.adapters import tensorflow as tf_adapter
 from matrun.runner.matrix import parse_matrix
-from test_harness import EVENT_KEYS, build_stage, events_of, only, run_harness, write_spec
+from test_harness import EVENT_KEYS, ZOO_PARITY, events_of, only, run_harness, write_spec
 from test_local_executor import run_cell
 
 TF = {"framework": "tensorflow", "env_id": "tensorflow-cpu-test"}
-ZOO = [("lenet5", (1, 28, 28), 10), ("cifar_cnn", (3, 32, 32), 10), ("alexnet", (3, 224, 224), 1000),
-       ("resnet18", (3, 224, 224), 1000), ("resnet50", (3, 224, 224), 1000)]
+ZOO = [zoo[:3] for zoo in ZOO_PARITY]
 
 
 @pytest.fixture(scope="session")
@@ -34,8 +33,8 @@ def tf_env():
 
 
 @pytest.fixture(scope="session")
-def tf_stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_stage(tmp_path_factory.mktemp("tfstage"))
+def tf_stage(stage: Path) -> Path:
+    return stage
 
 
 def plan(**fixed: Any) -> dict[str, Any]:
