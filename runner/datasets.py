@@ -36,6 +36,7 @@ from typing import IO, Any, Callable, ContextManager, Iterator
 
 from matrun.errors import DataError, InputError
 from matrun.runner import safe_pickle
+from matrun.runner.bundle import fsync_dir
 from matrun.runner.harness import DataError as CellDataError
 from matrun.runner.harness import data as cell_data
 
@@ -122,7 +123,7 @@ def import_dataset(*, name: str, source: Path, data_dir: Path, replace: bool = F
             "imported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "train": info.train, "test": info.test, "shape": list(info.shape or ()), "classes": info.classes,
         })
-        _sync_dir(tmp)
+        fsync_dir(tmp)
         _commit(tmp, dest, replace=replace)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful commit
@@ -177,7 +178,7 @@ def _commit(tmp: Path, dest: Path, *, replace: bool) -> None:
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    _sync_dir(dest.parent)
+    fsync_dir(dest.parent)
 
 
 def _validate(name: str, root: Path, *, shown: Path) -> DatasetInfo:
@@ -544,11 +545,3 @@ def _write_json(path: Path, value: dict[str, Any]) -> None:
         fh.write("\n")
         fh.flush()
         os.fsync(fh.fileno())
-
-
-def _sync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
