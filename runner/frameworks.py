@@ -16,8 +16,8 @@ from importlib import resources
 from typing import Any, Mapping
 
 from matrun.errors import InputError
+from matrun.runner.harness import UNSET
 
-UNSET = "unset"
 
 
 @dataclass(frozen=True)

@@ -12,19 +12,15 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from matrun.runner.frameworks import frameworks
+# The harness checks the same choices inside the cell: one definition, there.
+from matrun.runner.harness import (  # noqa: F401  (re-exported for the host)
+    CONV_ALGOS, DEVICES, LAYOUTS, MODES, OPTIMIZERS, PRECISIONS, PRESETS, UNSET,
+)
 from matrun.runner.harness.models import MODELS as MODEL_ZOO
 
 FRAMEWORKS = tuple(frameworks())
 MODELS = tuple(MODEL_ZOO)
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic")
-OPTIMIZERS = ("sgd", "adam", "adadelta", "rmsprop")
-DEVICES = ("cpu", "gpu")
-MODES = ("train", "inference")
-LAYOUTS = ("nchw", "nhwc")
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-CONV_ALGOS = ("heuristic", "autotune")
-PRESETS = ("none", "framework-default")
-UNSET = "unset"
 
 MAX_THREADS = 1024
 _CPUSET = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")

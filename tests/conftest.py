@@ -46,3 +46,19 @@ def stage() -> Path:
     from matrun.runner.envs import stage_harness
 
     return stage_harness()
+
+
+@pytest.fixture(scope="session")
+def tf_env():
+    """The real TensorFlow environment the local executor uses (built once, then reused)."""
+    from matrun.runner.envs import ensure_env
+
+    return ensure_env("tensorflow", "cpu")
+
+
+@pytest.fixture(scope="session")
+def mxnet_env():
+    """The real MXNet environment the local executor uses (built once, then reused)."""
+    from matrun.runner.envs import ensure_env
+
+    return ensure_env("mxnet", "cpu")

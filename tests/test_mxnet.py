@@ -23,19 +23,6 @@ MX = {"framework": "mxnet", "env_id": "mxnet-cpu-test"}
 ZOO = [zoo[:3] for zoo in ZOO_PARITY]
 
 
-@pytest.fixture(scope="session")
-def mxnet_env():
-    """The real MXNet environment the local executor uses (built once, then reused)."""
-    from matrun.runner.envs import ensure_env
-
-    return ensure_env("mxnet", "cpu")
-
-
-@pytest.fixture(scope="session")
-def mx_stage(stage: Path) -> Path:
-    return stage
-
-
 def plan(**fixed: Any) -> dict[str, Any]:
     (cell,) = parse_matrix({"fixed": {"framework": "mxnet", **fixed}}, path=Path("matrix.toml")).cells
     return dict(cell.values)
@@ -45,7 +32,7 @@ def plan(**fixed: Any) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_every_network_has_the_zoo_parameter_count(mxnet_env, mx_stage):
+def test_every_network_has_the_zoo_parameter_count(mxnet_env, stage):
     script = textwrap.dedent(f"""
         import json
         from matrun.runner.harness.adapters import mxnet_gluon as a
@@ -59,7 +46,7 @@ def test_every_network_has_the_zoo_parameter_count(mxnet_env, mx_stage):
         print(json.dumps(counts))
     """)
     proc = subprocess.run([str(mxnet_env.python), "-c", script], capture_output=True, text=True,
-                          env={"PYTHONPATH": str(mx_stage), "OMP_NUM_THREADS": "1"}, timeout=120)
+                          env={"PYTHONPATH": str(stage), "OMP_NUM_THREADS": "1"}, timeout=120)
     assert proc.returncode == 0, proc.stderr
     counts = json.loads(proc.stdout.strip().splitlines()[-1])
     for name, shape, classes in ZOO:
@@ -69,9 +56,9 @@ def test_every_network_has_the_zoo_parameter_count(mxnet_env, mx_stage):
 
 
 @pytest.mark.slow
-def test_harness_run_writes_every_event_type(tmp_path, mxnet_env, mx_stage):
+def test_harness_run_writes_every_event_type(tmp_path, mxnet_env, stage):
     spec = write_spec(tmp_path / "run", **MX, epochs=2, layer_profile=True, onednn_check=True)
-    proc = run_harness(mxnet_env.python, mx_stage, spec, threads=1)
+    proc = run_harness(mxnet_env.python, stage, spec, threads=1)
     assert proc.returncode == 0, proc.stderr
     events = events_of(spec.parent)
     kinds = [e["type"] for e in events]
@@ -105,10 +92,10 @@ def test_harness_run_writes_every_event_type(tmp_path, mxnet_env, mx_stage):
 
 
 @pytest.mark.slow
-def test_inference_mode_times_forward_batches(tmp_path, mxnet_env, mx_stage):
+def test_inference_mode_times_forward_batches(tmp_path, mxnet_env, stage):
     spec = write_spec(tmp_path / "run", **MX, mode="inference", iterations=12, epochs=None, optimizer=None,
                       lr=None, momentum=None, weight_decay=None, model="cifar_cnn", synthetic_shape=[3, 32, 32])
-    proc = run_harness(mxnet_env.python, mx_stage, spec, threads=1)
+    proc = run_harness(mxnet_env.python, stage, spec, threads=1)
     assert proc.returncode == 0, proc.stderr
     events = events_of(spec.parent)
     steps = [e for e in events if e["type"] == "step"]
@@ -119,9 +106,9 @@ def test_inference_mode_times_forward_batches(tmp_path, mxnet_env, mx_stage):
 
 
 @pytest.mark.slow
-def test_diverged_run_is_recorded_like_torch(tmp_path, mxnet_env, mx_stage):
+def test_diverged_run_is_recorded_like_torch(tmp_path, mxnet_env, stage):
     spec = write_spec(tmp_path / "run", **MX, lr=1e8, epochs=3)
-    proc = run_harness(mxnet_env.python, mx_stage, spec, threads=1)
+    proc = run_harness(mxnet_env.python, stage, spec, threads=1)
     assert proc.returncode == 0, proc.stderr
     events = events_of(spec.parent)
     assert len([e for e in events if e["type"] == "epoch"]) == 1
@@ -130,9 +117,9 @@ def test_diverged_run_is_recorded_like_torch(tmp_path, mxnet_env, mx_stage):
 
 
 @pytest.mark.slow
-def test_gpu_asked_without_gpu_fails_the_run(tmp_path, mxnet_env, mx_stage):
+def test_gpu_asked_without_gpu_fails_the_run(tmp_path, mxnet_env, stage):
     spec = write_spec(tmp_path / "run", **MX, device="gpu", gpus=1)
-    proc = run_harness(mxnet_env.python, mx_stage, spec, threads=1)
+    proc = run_harness(mxnet_env.python, stage, spec, threads=1)
     assert proc.returncode == 1
     assert "MXNet sees 0" in proc.stderr.strip().splitlines()[-1]
     probe = only(events_of(spec.parent), "probe")
@@ -161,11 +148,11 @@ def test_onednn_off_reaches_the_cell_and_nothing_of_onednn_runs(tmp_path, mxnet_
 
 
 @pytest.mark.slow
-def test_lenet5_learns_real_fashion_mnist(tmp_path, mxnet_env, mx_stage, fashion_mnist_root):
+def test_lenet5_learns_real_fashion_mnist(tmp_path, mxnet_env, stage, fashion_mnist_root):
     spec = write_spec(tmp_path / "run", fashion_mnist_root, **MX, dataset="fashion-mnist",
                       synthetic_shape=None, synthetic_classes=None, synthetic_train=None, synthetic_test=None,
                       train_limit=6000, test_limit=1000, epochs=1, batch_size=64, lr=0.05)
-    proc = run_harness(mxnet_env.python, mx_stage, spec, threads=2)
+    proc = run_harness(mxnet_env.python, stage, spec, threads=2)
     assert proc.returncode == 0, proc.stderr
     events = events_of(spec.parent)
     assert only(events, "data")["train_size"] == 6000

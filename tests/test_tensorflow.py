@@ -24,19 +24,6 @@ TF = {"framework": "tensorflow", "env_id": "tensorflow-cpu-test"}
 ZOO = [zoo[:3] for zoo in ZOO_PARITY]
 
 
-@pytest.fixture(scope="session")
-def tf_env():
-    """The real TensorFlow environment the local executor uses (built once, then reused)."""
-    from matrun.runner.envs import ensure_env
-
-    return ensure_env("tensorflow", "cpu")
-
-
-@pytest.fixture(scope="session")
-def tf_stage(stage: Path) -> Path:
-    return stage
-
-
 def plan(**fixed: Any) -> dict[str, Any]:
     (cell,) = parse_matrix({"fixed": {"framework": "tensorflow", **fixed}}, path=Path("matrix.toml")).cells
     return dict(cell.values)
@@ -54,7 +41,7 @@ def run_tf(python: Path, stage: Path, spec: Path) -> subprocess.CompletedProcess
 
 
 @pytest.mark.slow
-def test_every_network_has_the_zoo_parameter_count_and_shapes(tf_env, tf_stage):
+def test_every_network_has_the_zoo_parameter_count_and_shapes(tf_env, stage):
     script = textwrap.dedent(f"""
         import json
         from matrun.runner.harness.adapters import tensorflow as a
@@ -74,7 +61,7 @@ def test_every_network_has_the_zoo_parameter_count_and_shapes(tf_env, tf_stage):
         print(json.dumps(found))
     """)
     proc = subprocess.run([str(tf_env.python), "-c", script], capture_output=True, text=True,
-                          env={"PYTHONPATH": str(tf_stage), "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=180)
+                          env={"PYTHONPATH": str(stage), "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=180)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     for layout in ("nchw", "nhwc"):
@@ -90,7 +77,7 @@ def test_every_network_has_the_zoo_parameter_count_and_shapes(tf_env, tf_stage):
 
 
 @pytest.mark.slow
-def test_data_parallel_step_equals_the_single_device_step(tf_env, tf_stage):
+def test_data_parallel_step_equals_the_single_device_step(tf_env, stage):
     """The MirroredStrategy step of gpus > 1, over two logical CPUs (no GPU here): each replica
     takes every other sample, gradients are summed, so losses and weights equal one device's."""
     script = textwrap.dedent("""
@@ -117,7 +104,7 @@ def test_data_parallel_step_equals_the_single_device_step(tf_env, tf_stage):
         print(json.dumps(found))
     """)
     proc = subprocess.run([str(tf_env.python), "-c", script], capture_output=True, text=True,
-                          env={"PYTHONPATH": str(tf_stage), "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=180)
+                          env={"PYTHONPATH": str(stage), "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=180)
     assert proc.returncode == 0, proc.stderr
     (one_sums, one_weights), (two_sums, two_weights) = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [s[0] for s in two_sums] == pytest.approx([s[0] for s in one_sums], rel=1e-5)  # summed losses
@@ -126,10 +113,10 @@ def test_data_parallel_step_equals_the_single_device_step(tf_env, tf_stage):
 
 
 @pytest.mark.slow
-def test_harness_run_writes_every_event_type(tmp_path, tf_env, tf_stage):
+def test_harness_run_writes_every_event_type(tmp_path, tf_env, stage):
     spec = write_spec(tmp_path / "run", **TF, epochs=2, threads=1, interop_threads=1, layer_profile=True,
                       onednn_check=True)
-    proc = run_tf(tf_env.python, tf_stage, spec)
+    proc = run_tf(tf_env.python, stage, spec)
     assert proc.returncode == 0, proc.stderr
     events = events_of(spec.parent)
     kinds = [e["type"] for e in events]
@@ -162,10 +149,10 @@ def test_harness_run_writes_every_event_type(tmp_path, tf_env, tf_stage):
 
 
 @pytest.mark.slow
-def test_inference_and_layer_profile(tmp_path, tf_env, tf_stage):
+def test_inference_and_layer_profile(tmp_path, tf_env, stage):
     spec = write_spec(tmp_path / "run", **TF, mode="inference", iterations=10, epochs=None, optimizer=None,
                       lr=None, momentum=None, weight_decay=None, layer_profile=True, layout="nhwc", threads=1)
-    proc = run_tf(tf_env.python, tf_stage, spec)
+    proc = run_tf(tf_env.python, stage, spec)
     assert proc.returncode == 0, proc.stderr
     events = events_of(spec.parent)
     steps = [e for e in events if e["type"] == "step"]
@@ -179,10 +166,10 @@ def test_inference_and_layer_profile(tmp_path, tf_env, tf_stage):
 
 
 @pytest.mark.slow
-def test_bf16_nhwc_with_weight_decay_learns(tmp_path, tf_env, tf_stage):
+def test_bf16_nhwc_with_weight_decay_learns(tmp_path, tf_env, stage):
     spec = write_spec(tmp_path / "run", **TF, precision="bf16", layout="nhwc", weight_decay=5e-4, epochs=1,
                       threads=1)
-    proc = run_tf(tf_env.python, tf_stage, spec)
+    proc = run_tf(tf_env.python, stage, spec)
     assert proc.returncode == 0, proc.stderr
     events = events_of(spec.parent)
     assert only(events, "probe")["in_force"]["precision_policy"] == "mixed_bfloat16"
@@ -190,9 +177,9 @@ def test_bf16_nhwc_with_weight_decay_learns(tmp_path, tf_env, tf_stage):
 
 
 @pytest.mark.slow
-def test_diverged_run_is_recorded_like_torch(tmp_path, tf_env, tf_stage):
+def test_diverged_run_is_recorded_like_torch(tmp_path, tf_env, stage):
     spec = write_spec(tmp_path / "run", **TF, lr=1e8, epochs=3, threads=1)
-    proc = run_tf(tf_env.python, tf_stage, spec)
+    proc = run_tf(tf_env.python, stage, spec)
     assert proc.returncode == 0, proc.stderr
     events = events_of(spec.parent)
     assert len([e for e in events if e["type"] == "epoch"]) == 1
@@ -223,9 +210,9 @@ def test_onednn_off_reaches_the_cell(tmp_path, tf_env):
 
 
 @pytest.mark.slow
-def test_gpu_asked_without_gpu_fails_the_run(tmp_path, tf_env, tf_stage):
+def test_gpu_asked_without_gpu_fails_the_run(tmp_path, tf_env, stage):
     spec = write_spec(tmp_path / "run", **TF, device="gpu", gpus=1, threads=1)
-    proc = run_tf(tf_env.python, tf_stage, spec)
+    proc = run_tf(tf_env.python, stage, spec)
     assert proc.returncode == 1
     assert "TensorFlow sees no GPU" in proc.stderr.strip().splitlines()[-1]
     probe = only(events_of(spec.parent), "probe")
@@ -234,12 +221,12 @@ def test_gpu_asked_without_gpu_fails_the_run(tmp_path, tf_env, tf_stage):
 
 
 @pytest.mark.slow
-def test_lenet5_learns_real_fashion_mnist(tmp_path, tf_env, tf_stage, fashion_mnist_root):
+def test_lenet5_learns_real_fashion_mnist(tmp_path, tf_env, stage, fashion_mnist_root):
     spec = write_spec(tmp_path / "run", fashion_mnist_root, **TF, dataset="fashion-mnist",
                       synthetic_shape=None, synthetic_classes=None, synthetic_train=None, synthetic_test=None,
                       train_limit=6000, test_limit=1000, epochs=1, batch_size=64, lr=0.05, threads=2,
                       layout="nhwc")
-    proc = run_tf(tf_env.python, tf_stage, spec)
+    proc = run_tf(tf_env.python, stage, spec)
     assert proc.returncode == 0, proc.stderr
     events = events_of(spec.parent)
     assert only(events, "data")["train_size"] == 6000
