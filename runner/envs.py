@@ -65,16 +65,16 @@ class Env:
 
 def env_spec(framework: str, variant: str) -> EnvSpec:
     """The pinned requirements of a framework variant (package data under ``images/``)."""
-    folder = resources.files("matrun.images") / framework
-    req = folder / f"requirements-{variant}.txt"
-    if not req.is_file():
-        known = sorted(
-            p.name[len("requirements-"):-len(".txt")]
-            for p in folder.iterdir() if p.name.startswith("requirements-")
-        ) if folder.is_dir() else []
+    var = get_framework(framework).variant(variant)
+    if var.requirements is None:
         raise InputError(
-            f"no environment {framework}:{variant}: images/{framework}/requirements-{variant}.txt "
-            f"does not exist (known variants: {', '.join(known) or 'none'})")
+            f"variant {variant} of {framework} is image-only ({var.description or var.dockerfile}): "
+            f"the local executor has no environment for it; build it with `matrun build` and run it "
+            f"with --executor docker")
+    req = resources.files("matrun.images") / framework / var.requirements
+    if not req.is_file():
+        raise InputError(f"no environment {framework}:{variant}: images/{framework}/{var.requirements} "
+                         f"does not exist")
     return EnvSpec(framework, variant, req.read_text(encoding="utf-8"))
 
 

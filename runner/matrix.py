@@ -23,7 +23,7 @@ from matrun.runner.params import PARAMS, ParamError, show
 from matrun.runner.presets import apply_preset
 
 SECTIONS = ("sweep", "fixed", "axes", "zip", "include", "exclude")
-EXECUTORS = ("auto", "local")
+EXECUTORS = ("auto", "local", "docker")
 DEFAULT_MAX_CELLS = 10_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SEQUENTIAL = tuple(name for name, layers in MODEL_ZOO.items() if all(layer[0] != "block" for layer in layers))
@@ -179,7 +179,14 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
     if out["layer_profile"] and out["model"] not in SEQUENTIAL:
         raise ParamError(f"layer_profile needs a sequential network ({', '.join(SEQUENTIAL)}), "
                          f"not {out['model']}")
-    reason = get_framework(out["framework"]).refusal(out)
+    fw = get_framework(out["framework"])
+    if out["variant"] not in fw.variants:
+        raise ParamError(f"{out['framework']} has no variant \"{out['variant']}\"; known: "
+                         f"{', '.join(fw.variants)} (images/{out['framework']}/framework.toml)")
+    if out["device"] == "gpu" and fw.variants[out["variant"]].device != "gpu":
+        raise ParamError(f"variant \"{out['variant']}\" of {out['framework']} is a CPU build; a gpu cell needs "
+                         f"one of: {', '.join(v for v, d in fw.variants.items() if d.device == 'gpu') or 'none'}")
+    reason = fw.refusal(out)
     if reason:
         raise ParamError(f"{out['framework']} cannot run this cell: {reason}")
     if out["warmup_steps"] >= _steps_upper_bound(out):

@@ -109,6 +109,27 @@ def _variant(value: Any) -> str:
     return value
 
 
+_MEMORY = re.compile(r"^([0-9]{1,15})([kmg]?)b?$", re.I)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+MIN_MEMORY_LIMIT = 6 * 1024**2  # the Docker engine refuses less than 6 MiB
+
+
+def _memory(value: Any) -> int:
+    """Bytes, from an integer or a string such as "512m" / "2g" (binary units, as Docker's)."""
+    if isinstance(value, bool):
+        raise ParamError(f'expected a memory size such as "512m" or "2g" (0: no limit), got {show(value)}')
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and _MEMORY.match(value.strip()):
+        number, unit = _MEMORY.match(value.strip()).groups()
+        size = int(number) * _UNITS[unit.lower()]
+    else:
+        raise ParamError(f'expected a memory size such as "512m" or "2g" (0: no limit), got {show(value)}')
+    if size != 0 and not MIN_MEMORY_LIMIT <= size <= 2**50:
+        raise ParamError(f"expected a memory limit from 6m to 1024t (0: no limit), got {show(value)}")
+    return size
+
+
 def _shape(value: Any) -> list[int]:
     if (not isinstance(value, list) or len(value) != 3
             or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096 for v in value)):
@@ -151,6 +172,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
     Param("threads", _threads, UNSET, 'intra-op threads (framework switch and OMP/MKL/OpenBLAS variables), or "unset"'),
     Param("interop_threads", _threads, UNSET, 'inter-op threads, or "unset"'),
     Param("cpuset", _cpuset, "", 'CPUs the cell is pinned to, e.g. "0-1" ("" : no pinning)'),
+    Param("memory_limit", _memory, 0,
+          'memory limit of the cell\'s container, e.g. "2g" (swap included; over it the run is oom); '
+          "0: none.  Enforced by the docker executor"),
     Param("onednn", _bool, True, "oneDNN (MKL-DNN) primitives on or off"),
     Param("layout", _choice(LAYOUTS), "nchw", "data layout of activations"),
     Param("precision", _choice(PRECISIONS), "fp32", "fp32, tf32, bf16 or fp16 (mixed precision)"),

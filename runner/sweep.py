@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 import psutil
 
 import matrun
-from matrun.errors import MatrunError, SweepLocked
+from matrun.errors import InputError, MatrunError, SweepLocked
 from matrun.runner.bundle import RESULT, SCHEMA_VERSION, SPEC, RunKey, next_attempt, write_json_atomic
 from matrun.runner.executors import RunOutcome, RunRequest, get_executor
 from matrun.runner.matrix import Matrix, load_matrix
@@ -64,6 +64,7 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
     cells = select(plan_cells(matrix, runner.env_id), filters)
     data_dir = resolve_data_dir(matrix)
     preflight(cells, data_dir)
+    _check_enforced(cells, runner)
     summary = SweepSummary(sweep=matrix.sweep.name, executor=runner.name)
     results = matrix.sweep.results
     sweep_dir = results / matrix.sweep.name
@@ -137,7 +138,18 @@ def _write_result(key: RunKey, run_dir: Path, pc: PlannedCell, executor: str,
         "status": outcome.status, "exit_code": outcome.exit_code, "error_tail": outcome.error_tail,
         "started_at": outcome.started_at, "ended_at": outcome.ended_at,
         "wall_seconds": outcome.wall_seconds, "host": host, "monitor": outcome.monitor,
+        # The image the cell ran in (docker executor): tag, ID, repo digests, content hash.
+        "image": getattr(outcome, "image", None) or None,
     })
+
+
+def _check_enforced(cells: Sequence[PlannedCell], runner) -> None:
+    """Refuse, before anything runs, cells asking for a limit this executor cannot enforce."""
+    enforced = getattr(runner, "enforces", frozenset())
+    for pc in cells:
+        if pc.params.get("memory_limit") and "memory_limit" not in enforced:
+            raise InputError(f"cell {pc.cell_id} sets memory_limit, which the {runner.name} executor cannot "
+                             f"enforce; run it with --executor docker")
 
 
 def _catch_up(sweep_dir: Path, matrix: Matrix, emit) -> None:

@@ -62,3 +62,67 @@ def mxnet_env():
     from matrun.runner.envs import ensure_env
 
     return ensure_env("mxnet", "cpu")
+
+
+# --- a real Docker engine and the framework images ------------------------------------------
+# `make test` starts the engine (Debian's docker.io, `matrun engine start`); where none can be
+# had these tests skip with the reason, except where MATRUN_REQUIRE_ENGINE=1 (CI: .ci/run),
+# where a missing engine or image is a failure, never a skip.
+
+REQUIRE_ENGINE = os.environ.get("MATRUN_REQUIRE_ENGINE") == "1"
+
+
+def engine_missing(reason: str):
+    if REQUIRE_ENGINE:
+        pytest.fail(f"MATRUN_REQUIRE_ENGINE=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A client of the local Docker engine."""
+    try:
+        from matrun.runner.engine import connect
+
+        return connect()
+    except Exception as exc:  # EngineUnavailable; InputError for a DOCKER_HOST matrun refuses
+        engine_missing(f"no Docker engine: {exc}")
+
+
+def _wheelhouse() -> Path | None:
+    for item in (os.environ.get("MATRUN_TEST_WHEELHOUSE") or os.environ.get("PIP_FIND_LINKS") or "").split():
+        if Path(item).is_dir():
+            return Path(item)
+    return None
+
+
+def _ca_bundle() -> Path | None:
+    value = os.environ.get("PIP_CERT") or "/etc/ssl/certs/ca-certificates.crt"
+    return Path(value) if Path(value).is_file() else None
+
+
+_BUILT: dict[tuple[str, str], object] = {}
+
+
+def built_image(client, framework: str, variant: str):
+    """The image of a framework variant, built (through matrun's own build path, with the probe
+    and the variant's promise check) on the debootstrapped base when missing; once a session."""
+    key = (framework, variant)
+    if key not in _BUILT:
+        from matrun.runner import build, engine
+
+        try:
+            engine.ensure_base_image(client)
+            (_BUILT[key],) = build.build_images([key], client=client, base_image=engine.BASE_IMAGE,
+                                                wheelhouse=_wheelhouse(), ca_bundle=_ca_bundle())
+        except Exception as exc:
+            if REQUIRE_ENGINE:
+                raise
+            pytest.skip(f"could not build the {framework}:{variant} image here: {exc}")
+    return _BUILT[key]
+
+
+@pytest.fixture(scope="session")
+def cpu_images(docker_client):
+    """The three frameworks' CPU images (built when missing)."""
+    return {fw: built_image(docker_client, fw, "cpu") for fw in ("torch", "tensorflow", "mxnet")}

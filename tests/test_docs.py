@@ -45,7 +45,7 @@ def test_readme_gives_the_two_commands_and_ci_runs_the_test_one():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "make demo" in readme and "make test" in readme
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    assert re.search(r"^exec make test$", ci, flags=re.M)
+    assert re.search(r"^make test$", ci, flags=re.M)
 
 
 def test_the_complete_example_in_the_matrix_docs_expands_as_described(tmp_path):

@@ -60,10 +60,18 @@ def test_command_is_an_argument_list_without_a_shell():
     assert cmd == ["/env/bin/python", "-m", "matrun.runner.harness", "--spec", "/r/b/spec.json", "--out", "/r/b"]
 
 
-def test_auto_picks_local_and_says_so():
-    executor, sentence = get_executor("auto")
+def test_auto_picks_local_when_no_engine_answers_and_says_so(tmp_path):
+    missing = f"unix://{tmp_path}/no-engine.sock"
+    executor, sentence = get_executor("auto", docker_host=missing)
     assert executor.name == "local"
-    assert sentence.startswith("executor: local (auto")
+    assert sentence == f"executor: local (auto: no Docker engine answers at {missing})"
+
+
+@pytest.mark.parametrize("host", ["tcp://10.0.0.5:2375", "tcp://172.17.0.1:2375", "ssh://user@example"])
+def test_auto_never_talks_to_a_remote_engine(host):
+    executor, sentence = get_executor("auto", docker_host=host)
+    assert executor.name == "local"
+    assert "is not local" in sentence
 
 
 @pytest.mark.slow
@@ -109,7 +117,7 @@ def test_timeout_kills_the_cell_tree(tmp_path, torch_env):
 
 def test_gpu_cell_environment_names_its_gpus():
     """No GPU here: this is what a 2-GPU cell would be started with (untested on a GPU)."""
-    env = cell_environment(params(device="gpu", gpus=2, threads=4), Path("/stage"),
+    env = cell_environment(params(device="gpu", variant="cuda", gpus=2, threads=4), Path("/stage"),
                            {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "5,6,7"})
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert env["OMP_NUM_THREADS"] == "4"
@@ -122,7 +130,7 @@ def test_gpu_cells_are_refused_on_a_host_without_gpus(tmp_path):
 
     if host_gpus():
         pytest.skip(reason="this host has GPUs; the refusal is for hosts without")
-    (tmp_path / "matrix.toml").write_text('[fixed]\ndataset = "synthetic"\ndevice = "gpu"\ngpus = 2\n')
+    (tmp_path / "matrix.toml").write_text('[fixed]\ndataset = "synthetic"\ndevice = "gpu"\nvariant = "cuda"\ngpus = 2\n')
     cells = plan_cells(load_matrix(tmp_path / "matrix.toml"), lambda fw, v: "env")
     with pytest.raises(MatrunError) as info:
         preflight(cells, tmp_path)

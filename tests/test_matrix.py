@@ -178,7 +178,7 @@ BAD = [
     ("repeats zero", "[sweep]\nrepeats = 0\n",
      "matrix.toml: [sweep -> repeats] expected a repeat count from 1 to 1000, got 0"),
     ("unknown executor", '[sweep]\nexecutor = "kubernetes"\n',
-     'matrix.toml: [sweep -> executor] expected one of auto, local, got "kubernetes"'),
+     'matrix.toml: [sweep -> executor] expected one of auto, local, docker, got "kubernetes"'),
     ("no timed steps", "[fixed]\niterations = 5\nwarmup_steps = 5\n",
      "matrix.toml: [fixed] warmup_steps = 5 leaves no timed steps"),
     ("bad include", "[[include]]\ndataset = \"imagenet\"\n",
@@ -280,7 +280,7 @@ def test_impossible_cells_fail_at_plan_time(tmp_path, name, text, message):
 
 
 def test_gpu_cells_are_planned_with_their_gpu_count(tmp_path):
-    cells = load_matrix(write(tmp_path, '[fixed]\ndevice = "gpu"\nconv_algo = "autotune"\n'
+    cells = load_matrix(write(tmp_path, '[fixed]\ndevice = "gpu"\nvariant = "cuda"\nconv_algo = "autotune"\n'
                                         'precision = "fp16"\n[axes]\ngpus = [1, 2]\n')).cells
     assert [(c.values["gpus"], c.values["precision"]) for c in cells] == [(1, "fp16"), (2, "fp16")]
     (cpu,) = load_matrix(write(tmp_path, "[fixed]\ngpus = 4\n")).cells

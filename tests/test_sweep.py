@@ -39,7 +39,13 @@ threads = [1, 2]
 """
 
 
+# These tests exercise the embedded default: `--executor auto` must find no Docker engine
+# (CI runs one for the docker tests, tests/test_docker_sweep.py).
+NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/matrun-test/docker.sock"}
+
+
 def matrun(*args: str, cwd: Path, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    kw["env"] = {**os.environ, **NO_ENGINE, **kw.get("env", {})}
     proc = subprocess.run([*MATRUN, *args], cwd=cwd, capture_output=True, text=True, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"matrun {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
@@ -173,7 +179,8 @@ def interrupt_second_cell(tmp_path: Path, name: str, sig: int, *, cells: int) ->
     sizes = [128, 60000, 160][:cells]
     (tmp_path / "matrix.toml").write_text(SLOW_SECOND_CELL.format(name=name, seeds=list(range(1, cells + 1)),
                                                                   sizes=sizes))
-    sweep = subprocess.Popen([*MATRUN, "sweep"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    sweep = subprocess.Popen([*MATRUN, "sweep"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, **NO_ENGINE})
     results = tmp_path / "results" / name
 
     def second_running():

@@ -244,8 +244,7 @@ REFUSED = [
     ({"precision": "tf32"},
      "matrix.toml: [fixed] tensorflow cannot run this cell: TF32 is a feature of NVIDIA Ampere and later GPUs"),
     ({"device": "gpu"},
-     "matrix.toml: [fixed] tensorflow cannot run this cell: the cpu variant is the tensorflow-cpu wheel, which "
-     "has no CUDA (tf.sysconfig.get_build_info(): is_cuda_build False)"),
+     'matrix.toml: [fixed] variant "cpu" of tensorflow is a CPU build; a gpu cell needs one of: cuda'),
 ]
 
 

@@ -49,8 +49,8 @@ CONTRACT = {
                    "test_accuracy_min, test_accuracy_max, epoch_seconds_median, "
                    "test_seconds_median",
     "provenance": "run_id, sweep, cell_id, hostname, cpu_model, cpu_count, os, python, "
-                  "matrun_version, framework, framework_version, env_id, executor, in_force, "
-                  "libraries, build, mismatches",
+                  "matrun_version, framework, framework_version, env_id, executor, image_tag, "
+                  "image_digest, image_blas, image_onednn, in_force, libraries, build, mismatches",
 }
 
 

@@ -42,6 +42,7 @@ RUNS_SCHEMA = pa.schema([
     ("rss_avg_bytes", pa.float64()), ("rss_peak_bytes", pa.int64()),
     ("mismatches", pa.list_(pa.string())), ("events_truncated", pa.bool_()),
     ("bundle_path", pa.string()), ("bundle_digest", pa.string()),
+    ("image_tag", pa.string()), ("image_id", pa.string()), ("image_digest", pa.string()),
 ])
 STEPS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("epoch", pa.int32()), ("step", pa.int32()),
@@ -221,11 +222,22 @@ def _runs_table(bundles: list[Bundle]) -> pa.Table:
             "mismatches": None if b.probe is None else b.probe.get("mismatches", []),
             "events_truncated": any(w.startswith("events.jsonl") for w in b.warnings),
             "bundle_path": str(b.path), "bundle_digest": b.digest,
+            **_image_columns(result.get("image")),
         }
         row.update({col: _number(summary.get(col), col) for col in _SUMMARY_COLUMNS})
         row.update({col: _number(monitor.get(key), col) for col, key in _MONITOR_COLUMNS.items()})
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=RUNS_SCHEMA)
+
+
+def _image_columns(image: Any) -> dict[str, str | None]:
+    """The image a run used (result.json ``image``, docker executor), as three columns."""
+    if not isinstance(image, dict):
+        return {"image_tag": None, "image_id": None, "image_digest": None}
+    digests = image.get("repo_digests")
+    first = digests[0] if isinstance(digests, list) and digests and isinstance(digests[0], str) else None
+    image_id = _text(image.get("id"))
+    return {"image_tag": _text(image.get("tag")), "image_id": image_id, "image_digest": first or image_id}
 
 
 def _without_type(record: dict[str, Any] | None) -> dict[str, Any] | None:

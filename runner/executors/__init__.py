@@ -4,19 +4,34 @@ from __future__ import annotations
 
 from matrun.errors import InputError
 from matrun.runner.executors.base import Executor, RunOutcome, RunRequest
+from matrun.runner.executors.docker import DockerExecutor
 from matrun.runner.executors.local import LocalExecutor
 
-EXECUTORS: dict[str, type] = {"local": LocalExecutor}
+EXECUTORS: dict[str, type] = {"local": LocalExecutor, "docker": DockerExecutor}
 
 __all__ = ["Executor", "RunOutcome", "RunRequest", "get_executor", "EXECUTORS"]
 
 
-def get_executor(name: str) -> tuple[Executor, str]:
-    """The executor for ``name`` and a sentence saying what was picked and why."""
+def get_executor(name: str, *, docker_host: str | None = None) -> tuple[Executor, str]:
+    """The executor for ``name`` and a sentence saying what was picked and why.
+
+    ``auto`` picks docker when a local Docker engine answers (``DOCKER_HOST`` or the default
+    socket), else the local executor, the embedded default.
+    """
     if name == "auto":
-        # The Docker and Slurm executors are later work; until then the embedded default runs.
-        return LocalExecutor(), "executor: local (auto: the local executor is the embedded default)"
+        from matrun.runner.engine import engine_url, find_engine
+
+        try:
+            url = engine_url(docker_host)
+            client = find_engine(docker_host)
+        except InputError as exc:  # DOCKER_HOST names something matrun refuses to talk to
+            return LocalExecutor(), f"executor: local (auto: {exc})"
+        if client is not None:
+            return DockerExecutor(client), f"executor: docker (auto: a Docker engine answers at {url})"
+        return LocalExecutor(), f"executor: local (auto: no Docker engine answers at {url})"
     cls = EXECUTORS.get(name)
     if cls is None:
         raise InputError(f"unknown executor {name!r}; available: auto, {', '.join(EXECUTORS)}")
+    if cls is DockerExecutor:
+        return DockerExecutor(docker_host=docker_host), f"executor: {name}"
     return cls(), f"executor: {name}"

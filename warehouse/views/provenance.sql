@@ -14,9 +14,14 @@ SELECT
     r.probe ->> 'framework_version'                      AS framework_version,
     r.env_id,
     r.executor,
+    r.image_tag,
+    r.image_digest,
+    i.blas                                               AS image_blas,
+    i.onednn                                             AS image_onednn,
     r.probe -> 'in_force'                                AS in_force,
     r.probe -> 'libraries'                               AS libraries,
     r.probe ->> 'build'                                  AS build,
     r.probe -> 'mismatches'                              AS mismatches
 FROM runs AS r
+LEFT JOIN images AS i ON i.image_id = r.image_id AND i.tag = r.image_tag
 ORDER BY r.sweep, r.cell_id, r."repeat", r.attempt

@@ -1,0 +1,226 @@
+"""``matrun build``, ``matrun images`` and ``matrun engine``: framework images and the engine.
+
+Registered by ``runner/cli.py``; each command is a thin wrapper over ``runner/build.py``,
+``runner/engine.py`` and ``warehouse/images.py`` (docs/IMAGES.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from matrun.errors import InputError
+
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+engine_app = typer.Typer(
+    help="Start, stop or check the local Docker engine (dockerd --bridge=none --iptables=false).",
+    no_args_is_help=True,
+)
+
+
+def _default_wheelhouse() -> Optional[Path]:
+    """pip's own find-links directory, when it names one (the local CPU torch wheel lives there)."""
+    for item in (os.environ.get("PIP_FIND_LINKS") or "").split():
+        if Path(item).is_dir():
+            return Path(item)
+    return None
+
+
+def _default_ca_bundle() -> Optional[Path]:
+    value = os.environ.get("PIP_CERT") or os.environ.get("REQUESTS_CA_BUNDLE")
+    return Path(value) if value and Path(value).is_file() else None
+
+
+def _parse_image(text: str) -> tuple[str, str]:
+    from matrun.runner.frameworks import get_framework
+
+    framework, sep, variant = text.partition(":")
+    if not sep or not framework or not variant:
+        raise InputError(f"--image {text!r}: expected FRAMEWORK:VARIANT, e.g. torch:cpu")
+    get_framework(framework).variant(variant)  # unknown names: a clear InputError
+    return framework, variant
+
+
+def wanted_images(matrix: Path, where: list[str], image: list[str]) -> list[tuple[str, str]]:
+    """The (framework, variant) images to build: ``--image`` ones, else those of the matrix's cells."""
+    from matrun.runner.build import images_needed
+
+    if image:
+        return list(dict.fromkeys(_parse_image(text) for text in image))
+    from matrun.runner.matrix import load_matrix
+    from matrun.runner.plan import parse_where, plan_cells, select
+
+    cells = select(plan_cells(load_matrix(matrix), lambda fw, variant: f"{fw}-{variant}"), parse_where(where))
+    return images_needed(cells)
+
+
+def build(
+    matrix: Annotated[Path, typer.Argument(help="The matrix file whose cells' images to build.")] = Path("matrix.toml"),
+    where: Annotated[list[str], typer.Option("--where", "-w", help="Only cells matching KEY=V[,V…] (repeatable).")] = [],
+    image: Annotated[list[str], typer.Option(
+        "--image", help="Build this FRAMEWORK:VARIANT instead of the matrix's (repeatable).")] = [],
+    base_image: Annotated[Optional[str], typer.Option(
+        "--base-image", help="Base image of every image built (default: each variant's pinned base).")] = None,
+    make_base: Annotated[bool, typer.Option(
+        "--make-base", help="Make the base image with debootstrap when the engine lacks it "
+        "(where no registry can be reached; default base matrun-base:bookworm).")] = False,
+    wheelhouse: Annotated[Optional[Path], typer.Option(
+        "--wheelhouse", help="Directory of wheels pip takes first (default: $PIP_FIND_LINKS when it is a directory).")] = None,
+    ca_bundle: Annotated[Optional[Path], typer.Option(
+        "--ca-bundle", help="CA bundle pip trusts inside the build, for a TLS-intercepting proxy "
+        "(default: $PIP_CERT).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Build even when an image with the same tag exists.")] = False,
+    no_probe: Annotated[bool, typer.Option("--no-probe", help="Skip the probe and the variant's promise check.")] = False,
+    warehouse: Annotated[Optional[Path], typer.Option(
+        "--warehouse", help="DuckDB file to record the images in (default: the matrix's).")] = None,
+) -> None:
+    """Build the framework images the matrix needs (only those), probe them, record them."""
+    from matrun.runner import build as builder
+    from matrun.runner import engine
+    from matrun.warehouse.images import record_images
+
+    images = wanted_images(matrix, where, image)
+    if not images:
+        raise InputError("no cells selected: nothing to build")
+    if wheelhouse is None:
+        wheelhouse = _default_wheelhouse()
+    if ca_bundle is None:
+        ca_bundle = _default_ca_bundle()
+    client = engine.connect()
+    if make_base:
+        base = base_image or engine.BASE_IMAGE
+        _, seconds = engine.ensure_base_image(client, base)
+        if seconds is not None:
+            typer.echo(f"made base image {base} with debootstrap in {seconds:.0f} s", err=True)
+        base_image = base
+    typer.echo(f"building {len(images)} image(s): {', '.join(f'{f}:{v}' for f, v in images)}"
+               f"{f' on {base_image}' if base_image else ''}; wheelhouse {wheelhouse or 'none'}; "
+               f"CA bundle {ca_bundle or 'pip default'}", err=True)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, disable=not err.is_terminal)
+    tasks: dict[tuple[str, str], Any] = {}
+
+    def on_event(event: Any) -> None:
+        key = (event.framework, event.variant)
+        name = f"{event.framework}:{event.variant}"
+        if event.kind == "step":
+            if key not in tasks:
+                tasks[key] = progress.add_task(name, total=event.steps)
+            progress.update(tasks[key], completed=event.step, total=event.steps,
+                            description=f"{name} {event.text[:60]}")
+            if not err.is_terminal:
+                typer.echo(f"{name}: step {event.step}/{event.steps} {event.text[:100]}", err=True)
+        elif event.kind in ("cached", "built", "probe", "pull"):
+            words = {"cached": "already built", "built": "built", "probe": "probe", "pull": "pulling base"}
+            if err.is_terminal:
+                progress.console.print(f"{name}: {words[event.kind]} {event.text}", markup=False, highlight=False)
+            else:
+                typer.echo(f"{name}: {words[event.kind]} {event.text}", err=True)
+
+    progress.start()
+    try:
+        built = builder.build_images(images, client=client, base_image=base_image, wheelhouse=wheelhouse,
+                                     ca_bundle=ca_bundle, progress=on_event, force=force, probe=not no_probe)
+    finally:
+        progress.stop()
+    from matrun.runner.cli import _warehouse
+
+    target = warehouse or (_warehouse(None) if image else _matrix_warehouse(matrix))
+    record_images(target, built)
+    table = Table(title=f"images (recorded in {target})")
+    for col in ("tag", "build s", "size", "blas", "onednn", "python"):
+        table.add_column(col)
+    for b in built:
+        p = b.probe
+        table.add_row(b.tag, "cached" if b.build_seconds is None else f"{b.build_seconds:.0f}",
+                      f"{b.size_bytes / 1e6:,.0f} MB", str(getattr(p, "blas", "-")), str(getattr(p, "onednn", "-")),
+                      str(getattr(p, "python", "-")))
+    out.print(table)
+
+
+def _matrix_warehouse(matrix: Path) -> Path:
+    from matrun.runner.matrix import load_matrix
+
+    return load_matrix(matrix).sweep.warehouse
+
+
+def images(
+    warehouse: Annotated[Optional[Path], typer.Option(
+        "--warehouse", help="DuckDB file (default: the one matrix.toml names, else ./matrun.duckdb).")] = None,
+) -> None:
+    """List the images `matrun build` recorded: pins, what the probe found, size, build time."""
+    from matrun.runner.cli import _warehouse
+    from matrun.warehouse.images import list_images
+
+    rows = list_images(_warehouse(warehouse))
+    table = Table(title="images")
+    for col in ("tag", "framework", "version", "python", "blas", "onednn", "cuda", "cudnn", "size", "build s", "recorded"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["tag"], r["framework"], str(r["framework_version"] or "-"), str(r["python"] or "-"),
+                      str(r["blas"] or "-"), str(r["onednn"] or "-"), str(r["cuda"] or "-"), str(r["cudnn"] or "-"),
+                      f"{(r['size_bytes'] or 0) / 1e6:,.0f} MB",
+                      "-" if r["build_seconds"] is None else f"{r['build_seconds']:.0f}",
+                      f"{r['recorded_at']:%Y-%m-%d %H:%M}")
+    out.print(table)
+    if not rows:
+        typer.echo("no images recorded; build them with `matrun build`")
+
+
+def _state_dir() -> Path:
+    from matrun.runner.envs import matrun_home
+
+    return matrun_home() / "engine"
+
+
+@engine_app.command("start")
+def engine_start() -> None:
+    """Start dockerd --bridge=none --iptables=false in its own session (needs root); PID recorded."""
+    from matrun.runner import engine
+
+    url = engine.engine_url()
+    if engine.find_engine() is not None:
+        typer.echo(f"a Docker engine already answers at {url}; nothing started")
+        return
+    if not url.startswith("unix://"):
+        raise InputError(f"DOCKER_HOST is {url}: `matrun engine start` only starts an engine on a unix socket")
+    started = engine.start_engine(state_dir=_state_dir(), socket=url[len("unix://"):])
+    typer.echo(f"started dockerd (pid {started.pid}) at {url} in {started.seconds:.2f} s; log {started.log}")
+
+
+@engine_app.command("stop")
+def engine_stop() -> None:
+    """Stop the dockerd that `matrun engine start` started (that PID only)."""
+    from matrun.runner import engine
+
+    pid_file = _state_dir() / "dockerd.pid"
+    if engine.stop_engine(pid_file):
+        typer.echo("stopped the dockerd matrun started")
+    else:
+        typer.echo("no dockerd started by matrun is running; nothing stopped")
+
+
+@engine_app.command("status")
+def engine_status() -> None:
+    """Say whether a Docker engine answers, and its version."""
+    from matrun.runner import engine
+
+    url = engine.engine_url()
+    client = engine.find_engine()
+    if client is None:
+        typer.echo(f"no Docker engine answers at {url}")
+        raise typer.Exit(1)
+    version = client.version()
+    info = client.info()
+    typer.echo(f"Docker engine {version.get('Version')} answers at {url}: storage {info.get('Driver')}, "
+               f"cgroup v{info.get('CgroupVersion', '?')}, {info.get('NCPU')} CPUs, "
+               f"GPU runtimes: {', '.join(r for r in (info.get('Runtimes') or {}) if 'nvidia' in r) or 'none'}")

@@ -1,0 +1,69 @@
+"""The ``images`` table: what ``matrun build`` built and what the probe found in each image."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from matrun.warehouse.db import open_warehouse
+
+COLUMNS = ("tag", "image_id", "framework", "variant", "content_hash", "recipe_hash", "base_image",
+           "size_bytes", "build_seconds", "recorded_at", "framework_version", "python", "cuda", "cudnn",
+           "blas", "onednn", "openmp", "pins", "probe")
+
+
+def image_row(built: Any, *, now: datetime | None = None) -> dict[str, Any]:
+    """One row of the table from a ``runner.build.BuiltImage``."""
+    probe = built.probe
+    pins = json.dumps(dict(getattr(built, "pins", {}) or {}), sort_keys=True)
+    return {
+        "tag": built.tag, "image_id": built.image_id, "framework": built.framework, "variant": built.variant,
+        "content_hash": built.content_hash, "recipe_hash": built.recipe_hash or None,
+        "base_image": built.base_image or None, "size_bytes": built.size_bytes,
+        "build_seconds": built.build_seconds, "recorded_at": now or datetime.now(timezone.utc),
+        "framework_version": getattr(probe, "framework_version", None), "python": getattr(probe, "python", None),
+        "cuda": getattr(probe, "cuda", None), "cudnn": getattr(probe, "cudnn", None),
+        "blas": getattr(probe, "blas", None), "onednn": getattr(probe, "onednn", None),
+        "openmp": getattr(probe, "openmp", None), "pins": pins,
+        "probe": None if probe is None else json.dumps(dict(probe.raw), sort_keys=True, default=str),
+    }
+
+
+def record_images(warehouse: Path | str, built: Iterable[Any]) -> int:
+    """Insert or replace the images (by tag) in one transaction; returns how many.
+
+    An image found already built (``build_seconds`` None) keeps the build time recorded
+    when it was built; a probe that was skipped keeps the earlier probe's findings.
+    """
+    rows = [image_row(b) for b in built]
+    if not rows:
+        return 0
+    placeholders = ", ".join("?" for _ in COLUMNS)
+    keep = ("build_seconds", "framework_version", "python", "cuda", "cudnn", "blas", "onednn", "openmp", "probe")
+    updates = ", ".join(f"{c} = coalesce(excluded.{c}, images.{c})" if c in keep else f"{c} = excluded.{c}"
+                        for c in COLUMNS if c != "tag")
+    with open_warehouse(warehouse, wait_s=30.0) as wh:
+        wh.con.execute("BEGIN")
+        try:
+            wh.con.executemany(
+                f"INSERT INTO images ({', '.join(COLUMNS)}) VALUES ({placeholders}) "
+                f"ON CONFLICT (tag) DO UPDATE SET {updates}",
+                [[row[c] for c in COLUMNS] for row in rows])
+            wh.con.execute("COMMIT")
+        except BaseException:
+            wh.con.execute("ROLLBACK")
+            raise
+    return len(rows)
+
+
+def list_images(warehouse: Path | str) -> list[dict[str, Any]]:
+    """The recorded images, newest first, as dictionaries."""
+    with open_warehouse(warehouse, read_only=True, wait_s=30.0) as wh:
+        cur = wh.con.execute(
+            "SELECT tag, framework, variant, framework_version, python, blas, onednn, cuda, cudnn, "
+            "size_bytes, build_seconds, recorded_at, image_id, base_image FROM images "
+            "ORDER BY framework, variant, recorded_at DESC")
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
