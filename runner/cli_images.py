@@ -93,8 +93,12 @@ def build(
         raise InputError("no cells selected: nothing to build")
     if wheelhouse is None:
         wheelhouse = _default_wheelhouse()
+    elif not wheelhouse.is_dir():
+        raise InputError(f"wheelhouse {wheelhouse} is not a directory")
     if ca_bundle is None:
         ca_bundle = _default_ca_bundle()
+    elif not ca_bundle.is_file():
+        raise InputError(f"CA bundle {ca_bundle} is not a file")
     client = engine.connect()
     if make_base:
         base = base_image or engine.BASE_IMAGE

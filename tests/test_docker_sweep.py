@@ -126,6 +126,14 @@ def test_sigterm_mid_cell_stops_the_container_and_keeps_finished_runs(tmp_path, 
             sweep.kill()
     assert sweep.returncode != 0, (out, err)
     assert containers_of(docker_client, name) == []
+    results = [json.loads(p.read_text()) for p in (tmp_path / "results" / name).glob("*/*/result.json")]
+    assert sorted(r["status"] for r in results) == ["cancelled", "ok"]
+    cancelled = next(r for r in results if r["status"] == "cancelled")
+    assert cancelled["error_tail"] == "[matrun] the sweep was interrupted"
+    # The finished run was ingested as it ended; the cancelled one is picked up by the next
+    # sweep's catch-up, before that sweep runs the long cell again (filtered out here).
+    assert sql(tmp_path / "matrun.duckdb", "SELECT status FROM runs") == [("ok",)]
+    matrun("sweep", "--where", "epochs=1", cwd=tmp_path)
     statuses = sorted(row[0] for row in sql(tmp_path / "matrun.duckdb", "SELECT status FROM runs"))
     assert statuses == ["cancelled", "ok"]
 
