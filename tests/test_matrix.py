@@ -160,6 +160,20 @@ BAD = [
     ("backquotes in the variant", '[fixed]\nvariant = "cpu`id`"\n',
      "matrix.toml: [fixed -> variant] expected a variant name of lower-case letters, digits, '.', '_' "
      'or \'-\', got "cpu`id`"'),
+    ("unknown variant", '[fixed]\nvariant = "rocm"\n',
+     'matrix.toml: [fixed] torch has no variant "rocm"; known: cpu, cuda, cpu-openblas, cpu-blis, '
+     "cpu-reference (images/torch/framework.toml)"),
+    ("gpu cell of a cpu variant", '[fixed]\nframework = "mxnet"\ndevice = "gpu"\n',
+     'matrix.toml: [fixed] variant "cpu" of mxnet is a CPU build; a gpu cell needs one of: cu117'),
+    ("memory limit with a shell", '[fixed]\nmemory_limit = "1g; reboot"\n',
+     'matrix.toml: [fixed -> memory_limit] expected a memory size such as "512m" or "2g" (0: no limit), '
+     'got "1g; reboot"'),
+    ("memory limit below the engine's minimum", '[fixed]\nmemory_limit = "1m"\n',
+     'matrix.toml: [fixed -> memory_limit] expected a memory limit from 6m to 1024t (0: no limit), got "1m"'),
+    ("negative memory limit", "[fixed]\nmemory_limit = -5\n",
+     "matrix.toml: [fixed -> memory_limit] expected a memory limit from 6m to 1024t (0: no limit), got -5"),
+    ("boolean memory limit", "[fixed]\nmemory_limit = true\n",
+     'matrix.toml: [fixed -> memory_limit] expected a memory size such as "512m" or "2g" (0: no limit), got true'),
     ("NaN learning rate", "[fixed]\nlr = nan\n",
      "matrix.toml: [fixed -> lr] expected a positive learning rate, got nan"),
     ("momentum out of range", "[axes]\nmomentum = [0.9, 1.5]\n",
@@ -307,3 +321,12 @@ def test_every_study_in_the_repository_is_valid():
     assert studies
     for path in studies:
         assert load_matrix(path).cells, path
+
+
+def test_memory_limits_are_bytes_and_spellings_of_one_limit_are_one_value(tmp_path):
+    cells = load_matrix(write(tmp_path, '[axes]\nmemory_limit = ["512m", "2G", 100000000, 0]\n')).cells
+    assert [c.values["memory_limit"] for c in cells] == [512 * 2**20, 2 * 2**30, 100_000_000, 0]
+    assert "memory_limit" not in cells[-1].identity  # 0 is the default: old cell ids stay
+    with pytest.raises(MatrixError) as err:
+        load_matrix(write(tmp_path, '[axes]\nmemory_limit = ["512m", 536870912]\n'))
+    assert str(err.value) == "matrix.toml: [axes -> memory_limit] lists the same value twice"
