@@ -229,9 +229,11 @@ def _normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def select_wheels(wheelhouse: Path | None, pins: Mapping[str, str]) -> list[Path]:
+def select_wheels(wheelhouse: Path | None, pins: Mapping[str, str], *, device: str = "cpu") -> list[Path]:
     """The wheelhouse's wheels of pinned packages at their pinned version (a local version
-    label such as ``+cpu`` matches, as it does for pip); others are left out of the context."""
+    label such as ``+cpu`` matches, as it does for pip); others are left out of the context.
+    For a GPU variant a ``+cpu`` wheel is never taken: pip would accept it for a plain pin,
+    and the image would silently have no CUDA."""
     if wheelhouse is None:
         return []
     if not wheelhouse.is_dir():
@@ -240,7 +242,10 @@ def select_wheels(wheelhouse: Path | None, pins: Mapping[str, str]) -> list[Path
     for wheel in sorted(wheelhouse.glob("*.whl")):
         name, version = wheel.name.split("-")[:2]
         pinned = pins.get(_normalise(name))
-        if pinned is not None and version.split("+")[0] == pinned.split("+")[0]:
+        base, _, local = version.partition("+")
+        if device == "gpu" and local == "cpu" and "+" not in (pinned or ""):
+            continue
+        if pinned is not None and base == pinned.split("+")[0]:
             chosen.append(wheel)
     return chosen
 
@@ -260,7 +265,7 @@ def prepare_context(framework: str, variant: str, *, dest: Path, base_image: str
     var = variant_of(framework, variant, images_dir)
     dockerfile, requirements = image_sources(framework, variant, images_dir)
     pins = parse_pins(requirements.read_text(encoding="utf-8")) if requirements else {}
-    wheels = select_wheels(wheelhouse, pins)
+    wheels = select_wheels(wheelhouse, pins, device=var.device)
     (dest / WHEELS).mkdir(parents=True)
     shutil.copyfile(dockerfile, dest / dockerfile.name)
     if requirements is not None:
@@ -364,7 +369,7 @@ def probe_params(framework: str, variant: str, *, onednn: bool = True) -> dict[s
 
 def probe_image(client: "docker.DockerClient", tag: str, framework: str, variant: str, *,
                 harness_dir: Path | None = None, timeout: float = PROBE_TIMEOUT,
-                onednn: bool = True) -> ImageProbe:
+                onednn: bool = True, gpu: bool = False) -> ImageProbe:
     """Run the harness probe inside the image (oneDNN on or off) and summarise what it found."""
     from matrun.runner.envs import stage_harness
     from matrun.runner.frameworks import get_framework
@@ -377,7 +382,7 @@ def probe_image(client: "docker.DockerClient", tag: str, framework: str, variant
         environment=env, network_mode="none", user="1000:1000", cap_drop=["ALL"],
         security_opt=["no-new-privileges"], read_only=True, tmpfs={"/tmp": ""},
         volumes={str(harness_dir or stage_harness()): {"bind": HARNESS_MOUNT, "mode": "ro"}},
-        labels={f"{LABEL}.role": "probe"})
+        labels={f"{LABEL}.role": "probe"}, **_gpu_request(gpu))
     try:
         try:
             status = container.wait(timeout=timeout)
@@ -392,6 +397,21 @@ def probe_image(client: "docker.DockerClient", tag: str, framework: str, variant
         tail = "\n".join(logs.splitlines()[-LOG_TAIL_LINES:])
         raise EnvironmentBuildError(f"the probe of {tag} failed (exit {status.get('StatusCode')}):\n{tail}")
     return summarise_probe(json.loads(found[-1]))
+
+
+def _host_gpus() -> int:
+    from matrun.runner.plan import host_gpus
+
+    return host_gpus()
+
+
+def _gpu_request(gpu: bool) -> dict[str, Any]:
+    """One GPU for the probe of a GPU image (the framework needs the driver to import)."""
+    if not gpu:
+        return {}
+    import docker
+
+    return {"device_requests": [docker.types.DeviceRequest(count=1, capabilities=[["gpu"]])]}
 
 
 def summarise_probe(fields: Mapping[str, Any]) -> ImageProbe:
@@ -532,11 +552,17 @@ def build_images(images: Iterable[tuple[str, str]], *, client: "docker.DockerCli
                 seconds = time.perf_counter() - started
                 report(BuildEvent(framework, variant, "built", f"{ctx.tag} in {seconds:.0f} s"))
         found = None
-        if probe:
+        gpu_variant = variant_of(framework, variant, images_dir).device == "gpu"
+        if probe and gpu_variant and not _host_gpus():
+            # A CUDA framework may not even import without the driver's libcuda (MXNet does not):
+            # the probe of a GPU image needs a GPU.  Built, not verified: say so, record no probe.
+            report(BuildEvent(framework, variant, "probe", "skipped: a GPU variant is probed on a GPU, "
+                              "and this host has none (the image is built but unverified)"))
+        elif probe:
             wanted = ({True: promises.get((framework, variant), {})} if promises is not None
                       else variant_promises(framework, variant, images_dir))
             for onednn, promised in wanted.items():
-                result = probe_image(client, ctx.tag, framework, variant, onednn=onednn)
+                result = probe_image(client, ctx.tag, framework, variant, onednn=onednn, gpu=gpu_variant)
                 report(BuildEvent(framework, variant, "probe",
                                   f"oneDNN {'on' if onednn else 'off'}: {result.framework} "
                                   f"{result.framework_version}, python {result.python}, blas {result.blas}, "

@@ -92,6 +92,20 @@ def test_context_hash_covers_pins_wheels_and_base_but_not_the_ca_bundle(tmp_path
     assert _context(tmp_path, "e", images, wheelhouse=house).content_hash != first.content_hash
 
 
+def test_a_gpu_variant_never_takes_a_cpu_wheel_from_the_wheelhouse(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    house.mkdir()
+    for name in ("torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl", "torch-2.13.0-cp312-cp312-linux_x86_64.whl"):
+        (house / name).write_bytes(b"w")
+    pins = {"torch": "2.13.0"}
+    assert [w.name for w in build.select_wheels(house, pins)] == [
+        "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl", "torch-2.13.0-cp312-cp312-linux_x86_64.whl"]
+    assert [w.name for w in build.select_wheels(house, pins, device="gpu")] == [
+        "torch-2.13.0-cp312-cp312-linux_x86_64.whl"]
+    assert [w.name for w in build.select_wheels(house, {"torch": "2.13.0+cpu"}, device="gpu")] == [
+        "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl", "torch-2.13.0-cp312-cp312-linux_x86_64.whl"]
+
+
 def test_an_unknown_variant_is_refused_with_the_known_ones() -> None:
     with pytest.raises(InputError) as err:
         build.image_sources("torch", "rocm")
