@@ -417,8 +417,10 @@ def _gpu_request(gpu: bool) -> dict[str, Any]:
 def summarise_probe(fields: Mapping[str, Any]) -> ImageProbe:
     """Framework, Python, CUDA / cuDNN, BLAS, oneDNN and OpenMP from a probe event's fields.
 
-    The framework's BLAS comes from its build information where it says (PyTorch links MKL
-    statically: ``BLAS_INFO=mkl``), else from the BLAS libraries threadpoolctl found loaded,
+    The framework's BLAS comes from its build information where it says MKL (PyTorch links MKL
+    statically: ``BLAS_INFO=mkl``), else from the BLAS library the probe found mapped
+    (``blas_loaded``: Debian's alternatives resolved to OpenBLAS / BLIS / reference), else
+    from the BLAS libraries threadpoolctl found loaded,
     leaving out numpy's own bundled OpenBLAS (loaded by every image, used by none of the
     frameworks' operators).
     """
@@ -430,8 +432,14 @@ def summarise_probe(fields: Mapping[str, Any]) -> ImageProbe:
         return [lib for lib in libs if lib.get("user_api") == api]
 
     blas = None
+    loaded = fields.get("blas_loaded") or {}
     match = re.search(r"BLAS_INFO=(\w+)", build)
-    if match:
+    if match and match.group(1) == "mkl":
+        blas = "mkl"  # linked statically: no library of its own in the process to see
+    elif isinstance(loaded, Mapping) and loaded.get("provider") not in (None, "unknown"):
+        # The library really mapped, through Debian's alternatives (python3-torch says "generic").
+        blas = " ".join(str(x) for x in (loaded["provider"], loaded.get("version")) if x)
+    elif match:
         blas = match.group(1)
     else:
         own = [lib for lib in pools("blas") if not _NUMPY_LIB.search(str(lib.get("path") or lib.get("name")))]

@@ -121,7 +121,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     loss_fn = nn.CrossEntropyLoss()
     generator = torch.Generator().manual_seed(params["seed"])
     amp = _autocast(params, device)
-    scaler = torch.amp.GradScaler("cuda") if params["precision"] == "fp16" else None
+    scaler = _grad_scaler() if params["precision"] == "fp16" else None
     iterations = params["iterations"]
 
     epoch, done = 0, 0
@@ -379,6 +379,13 @@ def _optimizer(params: dict[str, Any], model: nn.Module) -> torch.optim.Optimize
     if params["optimizer"] == "rmsprop":
         return torch.optim.RMSprop(model.parameters(), lr=lr, weight_decay=decay)
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=params["momentum"], weight_decay=decay)
+
+
+def _grad_scaler() -> Any:
+    """fp16's loss scaler: ``torch.amp.GradScaler`` (torch 2.3+), else ``torch.cuda.amp``'s (1.13)."""
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cuda")
+    return torch.cuda.amp.GradScaler()
 
 
 def _autocast(params: dict[str, Any], device: torch.device) -> ContextManager[Any] | None:
