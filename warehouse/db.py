@@ -8,6 +8,7 @@ external access off, so SQL typed by a user cannot read or write files.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from contextlib import contextmanager
@@ -22,9 +23,18 @@ from matrun.errors import WarehouseError, WarehouseLocked
 
 #: Marks the views this module owns, so re-creating them never touches a user's own views.
 VIEW_COMMENT_PREFIX = "matrun view: "
+#: Marks the SQL macros of ``views/_macros.sql`` the same way.
+MACRO_COMMENT_PREFIX = "matrun macro: "
+MACRO_FILE = "_macros.sql"
+#: A macro whose body is the digest of the macro and view SQL last created, so a writer
+#: connect whose views are already current skips re-creating them (binding the statistics
+#: views takes about half a second).
+DIGEST_MACRO = "matrun_views_digest"
 
 _MIGRATION_FILE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 _VIEW_FILE = re.compile(r"^([a-z][a-z0-9_]*)\.sql$")
+_MACRO = re.compile(r"^\s*CREATE\s+OR\s+REPLACE\s+MACRO\s+([a-z][a-z0-9_]*)\s*\(.*?\)\s+AS\s+(TABLE\b)?",
+                    re.I | re.S)
 _LOCK_PID = re.compile(r"\(PID (\d+)\)")
 _RETRY_S = 0.1
 
@@ -197,18 +207,64 @@ def view_sql() -> dict[str, str]:
     return dict(sorted(views.items()))
 
 
+def macro_sql() -> list[tuple[str, bool, str]]:
+    """``(name, is_table_macro, CREATE OR REPLACE MACRO …)`` for each statement of
+    ``views/_macros.sql``, in file order (a statement ends with a semicolon at a line end)."""
+    entry = resources.files("matrun.warehouse").joinpath("views", MACRO_FILE)
+    if not entry.is_file():
+        return []
+    text = "\n".join(line for line in entry.read_text(encoding="utf-8").splitlines()
+                     if not line.lstrip().startswith("--"))
+    macros = []
+    for statement in re.split(r";[ \t]*\n", text + "\n"):
+        if not statement.strip():
+            continue
+        match = _MACRO.match(statement)
+        if not match:
+            raise WarehouseError(f"views/{MACRO_FILE}: every statement must be CREATE OR REPLACE "
+                                 f"MACRO name(...) AS ...; got: {statement.strip()[:60]}")
+        macros.append((match.group(1), bool(match.group(2)), statement.strip()))
+    return macros
+
+
 def create_views(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Drop the views matrun made before and create the current ones, in one transaction."""
+    """Drop the views and macros matrun made before and create the current ones (macros
+    first, then views in dependency order), in one transaction.  Nothing is done when the
+    warehouse already has exactly the current ones (same SQL digest, every view and macro
+    present with matrun's comment)."""
     views = view_sql()
     order = _dependency_order(views)
+    macros = macro_sql()
+    digest = hashlib.sha256(repr((duckdb.__version__, macros, views)).encode()).hexdigest()
     con.execute("BEGIN TRANSACTION")
     try:
-        old = con.execute(
+        old = [name for (name,) in con.execute(
             "SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' "
             "AND database_name = current_database() AND starts_with(comment, ?)",
-            [VIEW_COMMENT_PREFIX]).fetchall()
-        for (name,) in old:
+            [VIEW_COMMENT_PREFIX]).fetchall()]
+        old_macros = con.execute(
+            "SELECT DISTINCT function_name, function_type FROM duckdb_functions() "
+            "WHERE schema_name = 'main' AND database_name = current_database() "
+            "AND function_type IN ('macro', 'table_macro') AND starts_with(comment, ?)",
+            [MACRO_COMMENT_PREFIX]).fetchall()
+        if (set(old) == set(views)
+                and {name for name, _ in old_macros} == {name for name, _, _ in macros} | {DIGEST_MACRO}
+                and con.execute(f"SELECT {DIGEST_MACRO}()").fetchone() == (digest,)):
+            con.execute("COMMIT")
+            return
+        for name in old:
             con.execute(f'DROP VIEW IF EXISTS "{name}"')
+        for name, kind in old_macros:
+            con.execute(f'DROP MACRO {"TABLE " if kind == "table_macro" else ""}IF EXISTS "{name}"')
+        statements = [*macros, (DIGEST_MACRO, False, f"CREATE OR REPLACE MACRO {DIGEST_MACRO}() AS '{digest}'")]
+        for name, is_table, sql in statements:
+            try:
+                con.execute(sql)
+            except duckdb.Error as exc:
+                raise WarehouseError(f"warehouse {path}: macro {name} (views/{MACRO_FILE}) failed: "
+                                     f"{_first_line(exc)}") from None
+            con.execute(f"COMMENT ON MACRO {'TABLE ' if is_table else ''}\"{name}\" IS "
+                        f"'{MACRO_COMMENT_PREFIX}views/{MACRO_FILE}'")
         for name in order:
             try:
                 con.execute(f'CREATE OR REPLACE VIEW "{name}" AS\n{views[name]}\n')

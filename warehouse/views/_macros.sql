@@ -1,0 +1,172 @@
+-- Statistics and parameter helpers shared by the views (docs/WAREHOUSE.md, "Statistics").
+-- Created by every writer connect, before the views, as persistent DuckDB macros (so a
+-- read-only connection finds them in the file).  Each statement creates one macro; the
+-- file is split on the semicolons that end a line.  A list given to a macro holds the
+-- non-NULL values of one cell's ok runs.  Lambdas use DuckDB's `lambda x: ...` syntax.
+-- `list_transform([expr], lambda s: ...)[1]` binds `expr` to `s` once (a "let").
+
+-- P(B <= j) for B ~ Binomial(n, 1/2).
+CREATE OR REPLACE MACRO binom_half_cdf(j, n) AS
+    list_sum(list_transform(range(0, j + 1),
+        lambda i: exp(lgamma(n + 1) - lgamma(i + 1) - lgamma(n - i + 1) - n * ln(2))));
+
+-- The rank k of the exact distribution-free confidence interval of the median,
+-- [x(k), x(n+1-k)] of the sorted values: the largest k with 2 P(B <= k-1) <= 0.05, so the
+-- interval covers the median with probability 1 - 2 P(B <= k-1) >= 0.95.  With n <= 5 no k
+-- reaches 95 % and k = 1: the full range [min, max], whose coverage 1 - 2^(1-n) is < 0.95.
+CREATE OR REPLACE MACRO median_ci_rank(n) AS
+    greatest(1, len(list_filter(range(1, (n + 1) // 2 + 1),
+        lambda k: 2 * binom_half_cdf(k - 1, n) <= 0.05)));
+
+-- {low, high, level} of the median's interval over a list of values (NULL for fewer than
+-- two values); `level` is the interval's exact coverage (>= 0.95 from 6 values on).
+CREATE OR REPLACE MACRO median_ci(vals) AS
+    list_transform([list_sort(vals)], lambda s: CASE WHEN coalesce(len(s), 0) < 2 THEN NULL ELSE struct_pack(
+        low := s[median_ci_rank(len(s))],
+        high := s[len(s) + 1 - median_ci_rank(len(s))],
+        level := 1 - 2 * binom_half_cdf(median_ci_rank(len(s)) - 1, len(s))) END)[1];
+
+-- The mid-rank (1-based, ties averaged) of every element of a list, in the list's order.
+CREATE OR REPLACE MACRO midranks(v) AS
+    list_transform(v, lambda a: len(list_filter(v, lambda b: b < a))
+                              + (len(list_filter(v, lambda b: b = a)) + 1) / 2.0);
+
+-- Mann-Whitney U of x against ref: pairs with x > ref, ties counting one half.
+CREATE OR REPLACE MACRO mw_u(x, ref) AS
+    coalesce(CAST(list_sum(list_transform(x, lambda a: list_sum(list_transform(ref,
+        lambda b: CASE WHEN a > b THEN 1.0 WHEN a = b THEN 0.5 ELSE 0.0 END)))) AS DOUBLE), 0.0);
+
+-- Exact two-sided permutation p-value of U: over every way of choosing which m of the
+-- m + n pooled mid-ranks `r` belong to x, the share whose |U - mn/2| is at least the
+-- observed one.  Exact with ties too.  2^(m+n) subsets: used up to m + n = 16.
+CREATE OR REPLACE MACRO mw_p_exact(r, m, n, u) AS
+    list_transform([list_filter(range(0, 1 << least(m + n, 16)), lambda mask: bit_count(mask) = m)],
+        lambda masks: len(list_filter(masks, lambda mask:
+            abs(list_sum(list_transform(range(0, m + n),
+                    lambda i: CASE WHEN (mask >> i) & 1 = 1 THEN r[i + 1] ELSE 0.0 END))
+                - m * (m + 1) / 2.0 - m * n / 2.0) >= abs(u - m * n / 2.0) - 1e-9))
+            / len(masks))[1];
+
+-- Two-sided p of a standard normal deviate z: erfc(|z| / sqrt 2), by the Chebyshev fit of
+-- Numerical Recipes' erfcc (relative error < 1.2e-7).
+CREATE OR REPLACE MACRO normal_two_sided_p(z) AS
+    list_transform([abs(z) / sqrt(2)], lambda x: list_transform([1.0 / (1.0 + 0.5 * x)], lambda t:
+        t * exp(-x * x - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
+        + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587
+        + t * (-0.82215223 + t * 0.17087277))))))))))[1])[1];
+
+-- Normal approximation of the two-sided p of U, with the tie correction of the variance and
+-- a continuity correction of 0.5: z = (|U - mn/2| - 0.5) / sigma.  All values tied: p = 1.
+CREATE OR REPLACE MACRO mw_p_normal(v, m, n, u) AS
+    list_transform([m * n / 12.0 * ((m + n + 1) - list_sum(list_transform(list_distinct(v),
+            lambda d: pow(len(list_filter(v, lambda w: w = d)), 3) - len(list_filter(v, lambda w: w = d))))
+            / ((m + n) * (m + n - 1.0)))],
+        lambda var: CASE WHEN var <= 0 THEN 1.0
+                         ELSE least(1.0, normal_two_sided_p(greatest(abs(u - m * n / 2.0) - 0.5, 0) / sqrt(var))) END)[1];
+
+-- Can a two-sided exact Mann-Whitney test of m against n values reach p < 0.05 at all?
+-- Its smallest p is 2 / C(m+n, m): yes from 4 vs 4, 3 vs 5, 2 vs 8 (2 vs 2: 1/3, 3 vs 3: 0.1).
+CREATE OR REPLACE MACRO mw_can_decide(m, n) AS
+    m >= 1 AND n >= 1 AND 2.0 / round(exp(lgamma(m + n + 1) - lgamma(m + 1) - lgamma(n + 1))) < 0.05;
+
+-- Compare the runs of a cell (x) with those of a reference cell (ref), both lists of values.
+-- {n, ref_n, u, p_value, test, significant, direction, intervals_overlap}:
+--   test: 'mann-whitney exact' (m + n <= 16) or 'mann-whitney normal' when the test can reach
+--   p < 0.05 (mw_can_decide); otherwise 'interval overlap', and then `significant` is false
+--   whatever the intervals do (with so few runs disjoint ranges happen by chance: 1 in 3 at
+--   2 vs 2) - `intervals_overlap` is reported, never called a win.  p_value is the test's
+--   p in every case (also where it cannot decide).  direction: +1 when x tends to be larger
+--   (U > mn/2), -1 smaller, 0 neither.  Everything NULL when either side has no value.
+CREATE OR REPLACE MACRO compare_samples(x, ref) AS
+    list_transform([struct_pack(
+            x := list_filter(x, lambda a: a IS NOT NULL AND NOT isnan(a)),
+            ref := list_filter(ref, lambda a: a IS NOT NULL AND NOT isnan(a)))],
+        lambda s: list_transform([struct_pack(
+                m := len(s.x), n := len(s.ref), u := mw_u(s.x, s.ref),
+                v := list_concat(s.x, s.ref), r := midranks(list_concat(s.x, s.ref)),
+                cx := median_ci(s.x), cr := median_ci(s.ref),
+                x_lo := list_min(s.x), x_hi := list_max(s.x),
+                r_lo := list_min(s.ref), r_hi := list_max(s.ref))],
+            lambda t: CASE WHEN t.m = 0 OR t.n = 0 OR t.m IS NULL OR t.n IS NULL THEN NULL ELSE
+                list_transform([CASE WHEN t.m + t.n <= 16 THEN mw_p_exact(t.r, t.m, t.n, t.u)
+                                     ELSE mw_p_normal(t.v, t.m, t.n, t.u) END],
+                    lambda p: struct_pack(
+                        n := t.m, ref_n := t.n, u := t.u, p_value := p,
+                        test := CASE WHEN NOT mw_can_decide(t.m, t.n) THEN 'interval overlap'
+                                     WHEN t.m + t.n <= 16 THEN 'mann-whitney exact'
+                                     ELSE 'mann-whitney normal' END,
+                        significant := mw_can_decide(t.m, t.n) AND p < 0.05,
+                        direction := sign(t.u - t.m * t.n / 2.0)::INTEGER,
+                        intervals_overlap := NOT (coalesce(t.cx.high, t.x_hi) < coalesce(t.cr.low, t.r_lo)
+                                               OR coalesce(t.cr.high, t.r_hi) < coalesce(t.cx.low, t.x_lo))))[1]
+            END)[1])[1];
+
+-- The words for a comparison: `better` / `worse` when significant (direction times +1 when
+-- larger is better, -1 when smaller is), 'not significant' when not, NULL without a test.
+CREATE OR REPLACE MACRO verdict(cmp, larger_is_better, better, worse) AS
+    CASE WHEN cmp IS NULL OR cmp.significant IS NULL THEN NULL
+         WHEN NOT cmp.significant THEN 'not significant'
+         WHEN cmp.direction * CASE WHEN larger_is_better THEN 1 ELSE -1 END > 0 THEN better
+         ELSE worse END;
+
+-- Coefficient of variation (sample standard deviation / mean), an aggregate; NULL below 2.
+CREATE OR REPLACE MACRO cv(x) AS stddev_samp(x) / nullif(avg(x), 0);
+
+-- A canonical text of a cell's parameters without the keys in `drop` (the axes a view
+-- varies): sorted key=value pairs, keys whose value is null left out (so a key an older
+-- matrun did not write and a null one read the same).
+CREATE OR REPLACE MACRO params_key(p, drop) AS
+    array_to_string(list_transform(
+        list_filter(list_sort(json_keys(p)),
+            lambda k: NOT list_contains(drop, k) AND json_type(p, '$."' || k || '"') <> 'NULL'),
+        lambda k: k || '=' || json_extract(p, '$."' || k || '"')::VARCHAR), ';');
+
+-- A short id of a configuration: the first 12 hex digits of the key's MD5.
+CREATE OR REPLACE MACRO config_id(p, drop, env) AS left(md5(params_key(p, drop) || '|' || coalesce(env, '')), 12);
+
+-- The framework's own default data layout and convolution-algorithm choice (its behaviour
+-- when told nothing; docs/frameworks/*.md): TensorFlow computes in NHWC (channels_last),
+-- the others in NCHW; on the GPU TensorFlow (TF_CUDNN_USE_AUTOTUNE) and MXNet
+-- (MXNET_CUDNN_AUTOTUNE_DEFAULT) autotune convolutions by default, PyTorch does not
+-- (cudnn.benchmark = False).  On the CPU there is no choice: heuristic.
+CREATE OR REPLACE MACRO framework_default_layout(framework) AS
+    CASE WHEN framework = 'tensorflow' THEN 'nhwc' ELSE 'nchw' END;
+
+CREATE OR REPLACE MACRO framework_default_conv_algo(framework, device) AS
+    CASE WHEN device = 'gpu' AND framework IN ('tensorflow', 'mxnet') THEN 'autotune' ELSE 'heuristic' END;
+
+-- The BLAS of a run from its probe record: the library the probe found mapped
+-- (`blas_loaded`, with its version), else the framework's build information (PyTorch
+-- `BLAS_INFO=mkl`), else a non-numpy BLAS that threadpoolctl saw, else TensorFlow's
+-- built-in Eigen; the same order as `matrun build`'s image summary.
+CREATE OR REPLACE MACRO probe_blas(probe, framework) AS
+    coalesce(
+        json_extract_string(probe, '$.blas_loaded.provider')
+            || coalesce(' ' || json_extract_string(probe, '$.blas_loaded.version'), ''),
+        nullif(regexp_extract(coalesce(json_extract_string(probe, '$.build'), ''), 'BLAS_INFO=(\w+)', 1), ''),
+        list_transform(list_filter(CAST(coalesce(json_extract(probe, '$.libraries'), '[]') AS JSON[]),
+                lambda l: json_extract_string(l, '$.user_api') = 'blas'
+                          AND NOT regexp_matches(coalesce(json_extract_string(l, '$.path'),
+                                                          json_extract_string(l, '$.name'), ''),
+                                                 'numpy|scipy_openblas')),
+            lambda l: json_extract_string(l, '$.internal_api')
+                      || coalesce(' ' || json_extract_string(l, '$.version'), ''))[1],
+        CASE WHEN framework = 'tensorflow' THEN 'eigen' END);
+
+-- The hyper-parameters a cell has when the matrix leaves them to the preset: preset "none"
+-- gives matrun's defaults (docs/MATRIX.md), "framework-default" the framework's example for
+-- the dataset family (mnist also stands for fashion-mnist; runner/presets.py, docs/PRESETS.md;
+-- tests/test_study_views.py checks both against the Python tables).  {optimizer, lr,
+-- batch_size}; NULL fields where no preset exists.
+CREATE OR REPLACE MACRO default_hyperparams(framework, dataset, preset) AS
+    CASE WHEN preset = 'none' THEN struct_pack(optimizer := 'sgd', lr := 0.01::DOUBLE, batch_size := 64)
+    ELSE list_transform(list_filter([
+            struct_pack(fw := 'torch', fam := 'mnist', optimizer := 'adadelta', lr := 1.0::DOUBLE, batch_size := 64),
+            struct_pack(fw := 'torch', fam := 'cifar10', optimizer := 'sgd', lr := 0.001::DOUBLE, batch_size := 4),
+            struct_pack(fw := 'tensorflow', fam := 'mnist', optimizer := 'adam', lr := 0.001::DOUBLE, batch_size := 128),
+            struct_pack(fw := 'tensorflow', fam := 'cifar10', optimizer := 'rmsprop', lr := 0.0001::DOUBLE, batch_size := 32),
+            struct_pack(fw := 'mxnet', fam := 'mnist', optimizer := 'sgd', lr := 0.1::DOUBLE, batch_size := 100),
+            struct_pack(fw := 'mxnet', fam := 'cifar10', optimizer := 'sgd', lr := 0.05::DOUBLE, batch_size := 128)],
+            lambda e: e.fw = framework AND e.fam = CASE WHEN dataset = 'fashion-mnist' THEN 'mnist' ELSE dataset END),
+        lambda e: struct_pack(optimizer := e.optimizer, lr := e.lr, batch_size := e.batch_size))[1]
+    END;

@@ -1,0 +1,55 @@
+-- How do speed, time per epoch and accuracy change with the batch size, in training and in
+-- inference?  (STUDIES.md A8, Tables XV-XVIII: per-epoch and total time, accuracy; B3 Fig 4:
+-- training images/s; B2 Fig 3: inference images/s, the rows with mode 'inference'.)  One
+-- row per cell whose configuration (every parameter but batch_size, same environment) was
+-- run with two or more batch sizes.  The reference is the smallest batch size with ok
+-- runs.  speedup = ref train s / train s, epoch_speedup = ref s per epoch / s per epoch,
+-- throughput_ratio = throughput / ref throughput; p_value, test, significant, verdict:
+-- two-sided Mann-Whitney on the runs' throughput, accuracy_* on accuracy, against the
+-- reference (macro compare_samples).  oom_runs / failed_runs count the runs that did not
+-- finish (a batch too large for memory).
+WITH s AS (
+    SELECT *, config_id(params, ['batch_size'], env_id) AS config FROM cell_stats
+),
+grp AS (
+    SELECT config FROM s GROUP BY config HAVING count(DISTINCT batch_size) >= 2
+),
+ref AS (
+    SELECT config, arg_min(cell_id, batch_size) AS ref_cell_id, min(batch_size) AS ref_batch_size
+    FROM s WHERE runs > 0 AND batch_size IS NOT NULL GROUP BY config
+),
+pairs AS (
+    SELECT s.*, ref.ref_cell_id, ref.ref_batch_size,
+        r.train_s_median AS ref_train_s_median, r.epoch_s_median AS ref_epoch_s_median,
+        r.throughput_median AS ref_throughput_median, r.accuracy_median AS ref_accuracy_median,
+        CASE WHEN s.cell_id <> r.cell_id THEN compare_samples(s.throughput_values, r.throughput_values) END AS tcmp,
+        CASE WHEN s.cell_id <> r.cell_id THEN compare_samples(s.accuracy_values, r.accuracy_values) END AS acmp
+    FROM s
+    JOIN grp USING (config)
+    LEFT JOIN ref USING (config)
+    LEFT JOIN cell_stats AS r ON r.cell_id = ref.ref_cell_id
+)
+SELECT
+    config, framework, variant, model, dataset, device, mode, threads, epochs, iterations,
+    optimizer, lr,
+    cell_id, batch_size, runs, failed_runs, oom_runs,
+    train_s_median, train_s_ci_low, train_s_ci_high, train_s_noisy,
+    epoch_s_median, test_s_median, inference_s_median,
+    throughput_median, throughput_ci_low, throughput_ci_high, throughput_noisy,
+    accuracy_median, accuracy_ci_low, accuracy_ci_high,
+    ref_batch_size, ref_cell_id,
+    ref_train_s_median / train_s_median                    AS speedup,
+    ref_epoch_s_median / epoch_s_median                    AS epoch_speedup,
+    throughput_median / ref_throughput_median              AS throughput_ratio,
+    (accuracy_median - ref_accuracy_median) * 100          AS accuracy_change,
+    tcmp.p_value                                           AS p_value,
+    tcmp.test                                              AS test,
+    CASE WHEN cell_id = ref_cell_id THEN false ELSE tcmp.significant END AS significant,
+    CASE WHEN cell_id = ref_cell_id THEN 'reference'
+         ELSE verdict(tcmp, true, 'faster', 'slower') END AS verdict,
+    acmp.p_value                                           AS accuracy_p_value,
+    CASE WHEN cell_id = ref_cell_id THEN false ELSE acmp.significant END AS accuracy_significant,
+    CASE WHEN cell_id = ref_cell_id THEN 'reference'
+         ELSE verdict(acmp, true, 'more accurate', 'less accurate') END AS accuracy_verdict
+FROM pairs
+ORDER BY framework, model, dataset, mode, config, batch_size, cell_id
