@@ -6,8 +6,6 @@ second process, because DuckDB's lock is per process.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -271,3 +269,18 @@ def test_hostile_sql_fails_and_changes_nothing(filled: Path, sql: str) -> None:
     assert run_query("SELECT count(*) FROM runs", warehouse=filled) == before == (
         ["count_star()"], [(1,)])
     assert sorted(p.name for p in tmp.iterdir()) == files_before
+
+
+def test_a_reader_brings_views_of_another_matrun_version_up_to_date(tmp_path: Path) -> None:
+    path = tmp_path / "w.duckdb"
+    with open_warehouse(path) as wh:  # as another matrun version left it: a view missing, one changed
+        wh.con.execute("DROP VIEW baseline")
+        wh.con.execute("CREATE OR REPLACE VIEW cell_durations AS SELECT 1 AS old")
+        wh.con.execute("COMMENT ON VIEW cell_durations IS 'matrun view: views/cell_durations.sql'")
+        wh.con.execute("INSERT INTO steps VALUES ('r/0-1', 0, 0, 'timed', 0.5, 64)")
+    with open_warehouse(path, read_only=True) as wh:
+        assert "baseline" in _names(wh.con, "views")
+        assert [d[0] for d in wh.con.execute("SELECT * FROM cell_durations").description] == [
+            "cell_id", "runs", "wall_seconds_median"]
+        assert wh.con.execute("SELECT count(*) FROM steps").fetchone() == (1,)  # data untouched
+

@@ -71,16 +71,46 @@ def open_warehouse(path: Path | str, *, read_only: bool = False,
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
     con = _connect(path, read_only=read_only, wait_s=wait_s)
+    if read_only:
+        try:
+            _check_schema_readable(con, path)
+            stale = not views_current(con)
+        except duckdb.Error as exc:
+            con.close()
+            raise WarehouseError(f"warehouse {path}: {_first_line(exc)}") from None
+        except BaseException:
+            con.close()
+            raise
+        if stale:  # written by another matrun version: bring its views up to date, then read
+            con.close()
+            _refresh_views(path, wait_s)
+            con = _connect(path, read_only=True, wait_s=wait_s)
     try:
         try:
-            if read_only:
-                _check_schema_readable(con, path)
-            else:
+            if not read_only:
                 apply_migrations(con, path)
                 create_views(con, path)
         except duckdb.Error as exc:
             raise WarehouseError(f"warehouse {path}: {_first_line(exc)}") from None
         yield Warehouse(path=path, con=con, read_only=read_only)
+    finally:
+        con.close()
+
+
+def _refresh_views(path: Path, wait_s: float) -> None:
+    """Re-create the views of a warehouse whose views are not this matrun's (a reader found
+    them stale).  Only matrun's own views and macros change; the data is not touched."""
+    try:
+        con = _connect(path, read_only=False, wait_s=wait_s)
+    except WarehouseLocked:
+        raise WarehouseError(f"warehouse {path} has the views of another matrun version and is being "
+                             "written now; run `matrun ingest` on it once the writer is done") from None
+    except duckdb.Error as exc:  # e.g. a read-only file system
+        raise WarehouseError(f"warehouse {path} has the views of another matrun version and cannot be "
+                             f"updated here ({_first_line(exc)}); run `matrun ingest` on it where it "
+                             "is writable") from None
+    try:
+        create_views(con, path)
     finally:
         con.close()
 
@@ -227,6 +257,37 @@ def macro_sql() -> list[tuple[str, bool, str]]:
     return macros
 
 
+def _views_digest(views: dict[str, str], macros: list[tuple[str, bool, str]]) -> str:
+    return hashlib.sha256(repr((duckdb.__version__, macros, views)).encode()).hexdigest()
+
+
+def _owned(con: duckdb.DuckDBPyConnection) -> tuple[list[str], list[tuple[str, str]]]:
+    """The views and macros matrun created in this file (marked by their comment)."""
+    views = [name for (name,) in con.execute(
+        "SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' "
+        "AND database_name = current_database() AND starts_with(comment, ?)",
+        [VIEW_COMMENT_PREFIX]).fetchall()]
+    macros = con.execute(
+        "SELECT DISTINCT function_name, function_type FROM duckdb_functions() "
+        "WHERE schema_name = 'main' AND database_name = current_database() "
+        "AND function_type IN ('macro', 'table_macro') AND starts_with(comment, ?)",
+        [MACRO_COMMENT_PREFIX]).fetchall()
+    return views, macros
+
+
+def _current(con, views, macros, old, old_macros, digest) -> bool:
+    return (set(old) == set(views)
+            and {name for name, _ in old_macros} == {name for name, _, _ in macros} | {DIGEST_MACRO}
+            and con.execute(f"SELECT {DIGEST_MACRO}()").fetchall() == [(digest,)])
+
+
+def views_current(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the file holds exactly this matrun's views and macros."""
+    views, macros = view_sql(), macro_sql()
+    old, old_macros = _owned(con)
+    return _current(con, views, macros, old, old_macros, _views_digest(views, macros))
+
+
 def create_views(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Drop the views and macros matrun made before and create the current ones (macros
     first, then views in dependency order), in one transaction.  Nothing is done when the
@@ -235,21 +296,11 @@ def create_views(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     views = view_sql()
     order = _dependency_order(views)
     macros = macro_sql()
-    digest = hashlib.sha256(repr((duckdb.__version__, macros, views)).encode()).hexdigest()
+    digest = _views_digest(views, macros)
     con.execute("BEGIN TRANSACTION")
     try:
-        old = [name for (name,) in con.execute(
-            "SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' "
-            "AND database_name = current_database() AND starts_with(comment, ?)",
-            [VIEW_COMMENT_PREFIX]).fetchall()]
-        old_macros = con.execute(
-            "SELECT DISTINCT function_name, function_type FROM duckdb_functions() "
-            "WHERE schema_name = 'main' AND database_name = current_database() "
-            "AND function_type IN ('macro', 'table_macro') AND starts_with(comment, ?)",
-            [MACRO_COMMENT_PREFIX]).fetchall()
-        if (set(old) == set(views)
-                and {name for name, _ in old_macros} == {name for name, _, _ in macros} | {DIGEST_MACRO}
-                and con.execute(f"SELECT {DIGEST_MACRO}()").fetchone() == (digest,)):
+        old, old_macros = _owned(con)
+        if _current(con, views, macros, old, old_macros, digest):
             con.execute("COMMIT")
             return
         for name in old:
