@@ -6,6 +6,8 @@ second process, because DuckDB's lock is per process.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
