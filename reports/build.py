@@ -1,58 +1,71 @@
 """Build the static report: read the warehouse, shape, draw, write the site.
 
 ``build_report`` is the library twin of ``matrun report``.  The site is one directory that
-works from ``file://``: ``index.html``, ``assets/report.css`` and one shared
-``assets/plotly.min.js`` copied from the installed plotly package.
+works from ``file://`` and from any static host: ``index.html``, a page per section with
+data (``site.PAGES``), a CSV file per table, ``assets/report.css`` and one shared
+``assets/plotly.min.js`` copied from the installed plotly package.  ``publish=True`` writes
+the copy meant for a public host: every absolute path in the data is cut to its last part
+and the build fails rather than write a path of this machine.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import os
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import Iterable, Mapping
+
 import duckdb
-import polars as pl
 
-from matrun.errors import InputError
+from matrun.errors import MatrunError
 from matrun.reports import data as reads
-from matrun.reports import figures, sections
 from matrun.reports.data import ReportData
-from matrun.reports.pages import Html, figure, join, render_page, write_site
-from matrun.reports.shape import (
-    cell_labels,
-    choose_run,
-    environments_summary,
-    hosts_summary,
-    in_force_summary,
-    monitor_runs,
-    varying_params,
-)
+from matrun.reports.pages import check_replaceable, write_site
+from matrun.reports.shape import choose_run, mask_frame, monitor_runs
+from matrun.reports.site import INDEX, MAX_MONITOR_RUNS, render_site
 
-MAX_MONITOR_RUNS = 20
 MAX_MONITOR_POINTS = 500
 
 
+class PublishLeak(MatrunError):
+    """A page meant for publishing would show a path of this machine."""
+
+
 def build_report(
-    *, warehouse: Path, out_dir: Path, run_id: str | None = None, sweep: str | None = None
+    *, warehouse: Path, out_dir: Path, run_id: str | None = None, sweep: str | None = None,
+    publish: bool = False,
 ) -> Path:
     """Write the report of ``warehouse`` (one sweep, or all) into ``out_dir``; return index.html.
 
     ``run_id`` picks the run whose CPU and memory time series is shown first (default: the
     latest ok run).  ``out_dir`` is replaced whole, and only when it is new, empty or a
-    previous report; a failed build leaves the previous report untouched.
+    previous report; a failed build leaves the previous report untouched.  ``publish``
+    masks absolute paths in the data (library paths, error tails) to their last part,
+    leaves the warehouse's name out, and refuses to write any page that still holds the
+    warehouse's, the bundles' or the output's location.
     """
     from matrun.warehouse.db import open_warehouse
 
+    check_replaceable(Path(out_dir))  # refuse before the work, not after (checked again at the swap)
     with open_warehouse(Path(warehouse), read_only=True) as wh:
         report = read_report_data(wh.con, sweep=sweep, run_id=run_id)
-    page = render_report(report, sweep=sweep, source=Path(warehouse).name)
-    return write_site(Path(out_dir), {"index.html": page})
+        bundles = reads.read_bundle_paths(wh.con, sweep) if publish else []
+    if publish:
+        report = mask_report(report)
+    files = render_site(report, sweep=sweep, source="" if publish else Path(warehouse).name)
+    if publish:
+        check_no_local_paths(files, local_paths(warehouse=Path(warehouse), out_dir=Path(out_dir),
+                                                bundles=bundles))
+    return write_site(Path(out_dir), files)
 
 
 def read_report_data(
     con: duckdb.DuckDBPyConnection, *, sweep: str | None = None, run_id: str | None = None
 ) -> ReportData:
     """Everything the report shows, read from an open warehouse connection."""
+    from matrun.errors import InputError
+
     sweeps = reads.read_sweeps(con)
     if sweep is not None and sweeps and sweep not in sweeps:
         raise InputError(
@@ -61,6 +74,7 @@ def read_report_data(
     runs = reads.read_runs(con, sweep)
     selected = choose_run(runs, run_id)
     shown = monitor_runs(runs, selected, limit=MAX_MONITOR_RUNS)
+    levels = reads.read_cell_levels(con)
     return ReportData(
         sweeps=sweeps,
         runs=runs,
@@ -69,90 +83,58 @@ def read_report_data(
         provenance=reads.read_provenance(con, sweep),
         monitor=reads.read_monitor(con, shown, max_points=MAX_MONITOR_POINTS),
         selected_run=selected,
+        studies=reads.read_studies(con, sweep, levels),
+        cell_levels=levels,
+        images=reads.read_images(con, sweep),
     )
-
-
-def _with_labels(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
-    if frame.is_empty() and "label" not in frame.columns:
-        return frame.with_columns(pl.lit(None, dtype=pl.String).alias("label"))
-    joined = frame.join(labels, on=["sweep", "cell_id"], how="left", maintain_order="left")
-    return joined.with_columns(pl.coalesce("label", "cell_id").alias("label"))
 
 
 def render_report(
     report: ReportData, *, sweep: str | None = None, source: str = "",
     generated: datetime | None = None,
 ) -> str:
-    """The report page as HTML text (no I/O)."""
-    title = f"matrun report — {sweep}" if sweep else "matrun report"
-    runs = report.runs
-    if runs.is_empty():
-        return render_page(title=title, subtitle=Html("no runs yet"), nav=[],
-                           body=sections.empty_section(sweep), generated=generated)
+    """The report's front page (index.html) as HTML text (no I/O); see ``site.render_site``."""
+    return render_site(report, sweep=sweep, source=source, generated=generated)[INDEX]
 
-    labels = cell_labels(runs)
-    label_of = {(r["sweep"], r["cell_id"]): r["label"] for r in labels.iter_rows(named=True)}
-    baseline = _with_labels(report.baseline, labels)
-    epochs = _with_labels(report.epoch_curve, labels)
-    # Colours (and the order of lines) follow the baseline table, then cells without results.
-    colors = figures.cell_colors(
-        [*baseline.get_column("label").to_list(), *labels.get_column("label").to_list()]
+
+# --- publishing ----------------------------------------------------------------------------
+
+
+def mask_report(report: ReportData) -> ReportData:
+    """The report with every absolute path in its text cut to ``…/<last part>``."""
+    return replace(
+        report,
+        runs=mask_frame(report.runs), baseline=mask_frame(report.baseline),
+        epoch_curve=mask_frame(report.epoch_curve), provenance=mask_frame(report.provenance),
+        studies={name: mask_frame(frame) for name, frame in report.studies.items()},
+        images=mask_frame(report.images), cell_levels=mask_frame(report.cell_levels),
     )
 
-    params = varying_params(runs.unique(subset=["sweep", "cell_id"], keep="first"))
-    if runs.get_column("sweep").n_unique() > 1:
-        params = ["sweep", *params]
-    cell_params = {
-        (r["sweep"], r["cell_id"]): r
-        for r in runs.unique(subset=["sweep", "cell_id"], keep="first").iter_rows(named=True)
-    }
-    unfinished = _unfinished_cells(runs, baseline, label_of)
 
-    shown = monitor_runs(runs, report.selected_run, limit=MAX_MONITOR_RUNS)
-    status_of = dict(zip(runs.get_column("run_id").to_list(), runs.get_column("status").to_list()))
-    cell_of = {r["run_id"]: (r["sweep"], r["cell_id"]) for r in runs.iter_rows(named=True)}
-    menu = [(rid, f"{rid} · {label_of.get(cell_of[rid], '')} · {status_of[rid]}") for rid in shown]
-    monitor_fig = figures.monitor_figure(report.monitor, menu, report.selected_run or "")
+def local_paths(*, warehouse: Path, out_dir: Path, bundles: Iterable[str]) -> list[str]:
+    """The locations of this machine that a published page must never contain.
 
-    body = join([
-        sections.summary_cards(runs, baseline),
-        sections.baseline_section(
-            baseline, params, cell_params, unfinished,
-            figure(figures.throughput_figure(baseline, colors), "fig-throughput"),
-        ),
-        sections.epochs_section(figure(figures.epoch_figure(epochs, colors), "fig-epochs")),
-        sections.monitor_section(figure(monitor_fig, "fig-monitor"), report.selected_run,
-                                 len(shown), runs.height),
-        sections.provenance_section(
-            hosts_summary(report.provenance), environments_summary(report.provenance),
-            sorted(in_force_summary(report.provenance, runs),
-                   key=lambda g: list(colors).index(g.label) if g.label in colors else len(colors)),
-        ),
-        sections.runs_section(runs, label_of, report.selected_run),
-    ], "\n")
-    scope = f"sweep {sweep}" if sweep else (
-        f"sweep {report.sweeps[0]}" if len(report.sweeps) == 1
-        else f"{len(report.sweeps)} sweeps: {', '.join(report.sweeps)}")
-    subtitle = join([
-        scope, f" · {labels.height} cells · {runs.height} runs",
-        f" · warehouse {source}" if source else "",
-    ])
-    nav = [("baseline", "Baseline"), ("epochs", "Epochs"), ("monitor", "CPU & memory"),
-           ("provenance", "Provenance"), ("runs", "Runs")]
-    return render_page(title=title, subtitle=subtitle, nav=nav, body=body, generated=generated)
+    The warehouse and output directory (and their parents), every bundle directory and the
+    results directory that holds them, the current directory and the home directory; a
+    path of fewer than two parts (``/tmp``) is too common a string to test for.
+    """
+    paths: set[str] = set()
+    for path in (Path(os.path.abspath(warehouse)), Path(os.path.abspath(out_dir))):
+        paths.update({str(path), str(path.parent)})
+    bundle_list = [str(b) for b in bundles]
+    paths.update(bundle_list)
+    if bundle_list:
+        paths.add(os.path.commonpath(bundle_list))
+    paths.update({os.getcwd(), os.path.expanduser("~")})
+    return sorted(p for p in paths if len(Path(p).parts) >= 3)
 
 
-def _unfinished_cells(
-    runs: pl.DataFrame, baseline: pl.DataFrame, label_of: dict[tuple[str, str], str]
-) -> list[tuple[str, str]]:
-    """(label, status counts) of cells that have runs but no row in the baseline."""
-    done = set(zip(baseline.get_column("sweep").to_list(), baseline.get_column("cell_id").to_list()))
-    counts: dict[tuple[str, str], Counter[str]] = {}
-    for r in runs.iter_rows(named=True):
-        key = (r["sweep"], r["cell_id"])
-        if key not in done:
-            counts.setdefault(key, Counter())[str(r["status"])] += 1
-    return [
-        (label_of.get(key, key[1]), ", ".join(f"{s} ×{n}" for s, n in sorted(c.items())))
-        for key, c in counts.items()
-    ]
+def check_no_local_paths(files: Mapping[str, str], forbidden: Iterable[str]) -> None:
+    """Raise ``PublishLeak`` when a file to be published contains one of ``forbidden``."""
+    for name, text in files.items():
+        for path in forbidden:
+            if path in text:
+                raise PublishLeak(
+                    f"refusing to publish: {name} would contain the local path {path}; "
+                    "nothing was written"
+                )

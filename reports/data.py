@@ -3,11 +3,17 @@
 This is the only module of ``matrun.reports`` that touches the database: one function per
 dataset the report shows, each a read of the warehouse's views (docs/WAREHOUSE.md).  The
 connection is DuckDB's; results come back through Arrow.  ``sweep=None`` means every sweep.
+
+The study views (``thread_sweep``, ``batch_sweep``, …) group by *cell* over every sweep, not
+by sweep.  For a one-sweep report they are cut down without breaking a comparison: a
+configuration view keeps every row of each configuration that has a cell in the sweep (so
+the reference cell stays, even when another sweep ran it), a group view (``default_cells``,
+``best_vs_default``, ``pareto_front``) every group that has one, a cell view the sweep's cells.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import duckdb
@@ -16,6 +22,59 @@ import polars as pl
 _SWEEP_FILTER = "(CAST($sweep AS VARCHAR) IS NULL OR sweep = $sweep)"
 _RUNS_SWEEP_FILTER = "(CAST($sweep AS VARCHAR) IS NULL OR o.sweep = $sweep)"
 _THREADS_ORDER = "TRY_CAST(threads AS INTEGER) NULLS LAST, threads"
+
+
+@dataclass(frozen=True)
+class StudyView:
+    """How one study view is cut to a sweep, and the order its rows are shown in."""
+
+    order: str
+    """ORDER BY of the view's own rows (as ``SELECT * FROM <view>`` would give them)."""
+    keep: str
+    """``config``: whole configurations with a cell in the sweep; ``group``: whole groups
+    (``group_keys``) with a cell in the sweep; ``cell``: the sweep's cells; ``sweep``: the
+    view's own sweep column."""
+    keys: tuple[str, ...] = ("config",)
+    train_only: bool = False
+    """For ``group``: only the sweep's training cells make a group count."""
+
+
+# The study views, in the order the report's pages show them.  Each is read whole, once
+# (binding one of these statistics views costs 0.1-0.3 s, so no filter is pushed into
+# SQL), then cut to the sweep here.
+STUDY_VIEWS: dict[str, StudyView] = {
+    "default_cells": StudyView("framework, model, dataset, device, mode", "group",
+                               ("framework", "model", "dataset", "device", "mode")),
+    "best_vs_default": StudyView("framework, model, dataset, device", "group",
+                                 ("framework", "model", "dataset", "device"), train_only=True),
+    "pareto_front": StudyView("model, dataset, device, train_s_median, accuracy_median DESC, cell_id",
+                              "group", ("model", "dataset", "device"), train_only=True),
+    "library_comparison": StudyView("framework, model, dataset, config, variant, onednn DESC, cell_id",
+                                    "config"),
+    "thread_sweep": StudyView("framework, model, dataset, config, threads_n NULLS LAST, cell_id", "config"),
+    "epoch_sweep": StudyView("framework, model, dataset, config, unit, length, cell_id", "config",
+                             ("config", "unit")),
+    "batch_sweep": StudyView("framework, model, dataset, mode, config, batch_size, cell_id", "config"),
+    "batch_resources": StudyView("framework, model, dataset, mode, config, batch_size, cell_id", "config"),
+    "batch_lr_grid": StudyView("framework, model, dataset, config, batch_size, iterations, epochs, lr, cell_id",
+                               "config"),
+    "worker_scaling": StudyView("framework, model, dataset, config, workers, batch_size, cell_id", "config"),
+    "epoch_convergence": StudyView("framework, model, dataset, cell_id, epoch", "cell"),
+    "layer_breakdown": StudyView("sweep, cell_id, layer_index", "sweep"),
+    "layer_kinds": StudyView("sweep, cell_id, total_s DESC, kind", "sweep"),
+    "option_effect": StudyView("option, framework, model, dataset, device, config, value, cell_id", "config",
+                               ("option", "config")),
+}
+
+# Per cell, what the sweep views leave out but the report shows: how many values each
+# statistic is over and the true coverage of its interval (below 6 runs it is [min, max]),
+# plus the columns that place a cell in a group and the sweeps that ran it.
+_CELL_LEVELS = """
+    SELECT cell_id, sweeps, framework, model, dataset, device, mode, runs,
+           train_s_n, train_s_ci_level, accuracy_n, accuracy_ci_level,
+           throughput_n, throughput_ci_level, throughput_cv, throughput_noisy
+    FROM cell_stats
+"""
 
 
 @dataclass(frozen=True)
@@ -33,6 +92,16 @@ class ReportData:
     """Downsampled monitor samples of the runs picked for the time-series figure."""
     selected_run: str | None
     """The run whose time series is shown first (None when there are no runs)."""
+    studies: dict[str, pl.DataFrame] = field(default_factory=dict)
+    """The study views (``STUDY_VIEWS``) by name, cut to the report's sweep."""
+    cell_levels: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """Per cell: n and interval coverage of each statistic (from cell_stats)."""
+    images: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """Every image ``matrun build`` recorded, with how many of the report's runs used it."""
+
+    def study(self, name: str) -> pl.DataFrame:
+        """The rows of one study view (an empty frame when it was not read)."""
+        return self.studies.get(name, pl.DataFrame())
 
 
 def _frame(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> pl.DataFrame:
@@ -62,6 +131,16 @@ def read_runs(con: duckdb.DuckDBPyConnection, sweep: str | None) -> pl.DataFrame
     )
 
 
+def read_bundle_paths(con: duckdb.DuckDBPyConnection, sweep: str | None) -> list[str]:
+    """Where the report's runs' bundles lie on this machine (never shown; see publish)."""
+    frame = _frame(
+        con,
+        f"SELECT DISTINCT bundle_path FROM runs WHERE {_SWEEP_FILTER} AND bundle_path IS NOT NULL",
+        {"sweep": sweep},
+    )
+    return frame.get_column("bundle_path").to_list()
+
+
 def read_baseline(con: duckdb.DuckDBPyConnection, sweep: str | None) -> pl.DataFrame:
     """The baseline view: per cell, medians and spread over its ok runs."""
     return _frame(
@@ -89,6 +168,63 @@ def read_provenance(con: duckdb.DuckDBPyConnection, sweep: str | None) -> pl.Dat
     return _frame(
         con,
         f"SELECT * FROM provenance WHERE {_SWEEP_FILTER} ORDER BY sweep, cell_id, run_id",
+        {"sweep": sweep},
+    )
+
+
+def read_study(con: duckdb.DuckDBPyConnection, view: str, sweep: str | None,
+               levels: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One study view's rows (every column, as the view has them), cut to ``sweep``.
+
+    ``levels`` (``read_cell_levels``) says which cells the sweep ran; read when not given.
+    """
+    spec = STUDY_VIEWS[view]
+    frame = _frame(con, f"SELECT * FROM {view} ORDER BY {spec.order}")
+    if sweep is None or frame.is_empty():
+        return frame
+    if spec.keep == "sweep":
+        return frame.filter(pl.col("sweep") == sweep)
+    cells = levels if levels is not None else read_cell_levels(con)
+    swept = cells.filter(pl.col("sweeps").list.contains(sweep))
+    if spec.keep == "cell":
+        return frame.filter(pl.col("cell_id").is_in(swept.get_column("cell_id").to_list()))
+    if spec.keep == "config":
+        inside = frame.filter(pl.col("cell_id").is_in(swept.get_column("cell_id").to_list()))
+        return frame.join(inside.select(spec.keys).unique(), on=list(spec.keys), how="semi",
+                          nulls_equal=True, maintain_order="left")
+    if spec.train_only:
+        swept = swept.filter(pl.col("mode") == "train")
+    groups = swept.select(spec.keys).unique()
+    return frame.join(groups, on=list(spec.keys), how="semi", nulls_equal=True,
+                      maintain_order="left")
+
+
+def read_studies(con: duckdb.DuckDBPyConnection, sweep: str | None,
+                 levels: pl.DataFrame | None = None) -> dict[str, pl.DataFrame]:
+    """Every study view, by name."""
+    if sweep is not None and levels is None:
+        levels = read_cell_levels(con)
+    return {view: read_study(con, view, sweep, levels) for view in STUDY_VIEWS}
+
+
+def read_cell_levels(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """Per cell: the n of each statistic and its interval's coverage (cell_stats)."""
+    return _frame(con, _CELL_LEVELS + " ORDER BY cell_id")
+
+
+def read_images(con: duckdb.DuckDBPyConnection, sweep: str | None) -> pl.DataFrame:
+    """The images table with, per image, how many of the report's runs used it."""
+    return _frame(
+        con,
+        f"""
+        SELECT i.tag, i.framework, i.variant, i.framework_version, i.python, i.blas, i.onednn,
+               i.openmp, i.cuda, i.cudnn, i.base_image, i.size_bytes, i.build_seconds,
+               i.recorded_at, i.image_id,
+               (SELECT count(*) FROM runs AS r
+                 WHERE r.image_tag = i.tag AND {_SWEEP_FILTER}) AS runs
+        FROM images AS i
+        ORDER BY i.framework, i.variant, i.recorded_at DESC, i.tag
+        """,
         {"sweep": sweep},
     )
 

@@ -8,6 +8,7 @@ cell has the same colour in every figure of the report.
 from __future__ import annotations
 
 import html
+import math
 from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -51,6 +52,22 @@ def _base_layout(fig: go.Figure, *, title: str, height: int) -> go.Figure:
         height=height, font=_FONT, margin={"l": 60, "r": 30, "t": 70, "b": 50},
         hoverlabel={"namelength": -1},
     )
+    return fig
+
+
+def legend_below(fig: go.Figure, title: str, *, plot_height: int = 300) -> go.Figure:
+    """Title, size and a legend below the plot that never overlaps the axis titles.
+
+    The plot area keeps ``plot_height`` pixels whatever the legend's length: the figure
+    grows by the legend's rows (estimated from its entries' text) instead.
+    """
+    names = list(dict.fromkeys(t.name for t in fig.data if t.showlegend is not False and t.name))
+    width = sum(8 * len(n) + 60 for n in names)  # about 8 px a character at 13 px
+    rows = math.ceil(width / 1000) if names else 0
+    bottom = 100 + 22 * rows
+    fig = _base_layout(fig, title=title, height=70 + plot_height + bottom)
+    fig.update_layout(margin={"b": bottom},
+                      legend={"orientation": "h", "yanchor": "top", "y": -90 / plot_height, "x": 0})
     return fig
 
 
@@ -158,8 +175,7 @@ def epoch_figure(
     fig.update_xaxes(title_text="epoch", dtick=1, range=[0.5, last + 0.5])
     fig.update_yaxes(title_text="test accuracy", tickformat=".0%", row=1, col=1)
     fig.update_yaxes(title_text="seconds", rangemode="tozero", row=1, col=2)
-    fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0})
-    return _base_layout(fig, title=title, height=470)
+    return legend_below(fig, title)
 
 
 def _monitor_title(run_label: str) -> str:

@@ -8,7 +8,11 @@ as ``\\u003c`` and so on, so no label can close the script element.
 
 from __future__ import annotations
 
+import csv
 import html
+import io
+import json
+import math
 import os
 import secrets
 import shutil
@@ -138,14 +142,67 @@ def _read_template(name: str) -> Template:
 
 
 def render_page(*, title: str, subtitle: Html, nav: Sequence[tuple[str, str]], body: Html,
-                generated: datetime | None = None) -> str:
-    """The whole page from the template: ``nav`` is (anchor, text) pairs; body is Html."""
+                generated: datetime | None = None,
+                site_nav: Sequence[tuple[str, str]] = (), current: str | None = None) -> str:
+    """The whole page from the template: ``nav`` is (anchor, text) pairs; body is Html.
+
+    ``site_nav`` is (page file, text) pairs: the links between the pages of a site, all
+    relative; the one named ``current`` is marked as the page being read.
+    """
     when = (generated or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
     links = join(tag("a", text, href=f"#{anchor}") for anchor, text in nav)
+    pages = join(
+        tag("a", text, href=href, class_="current" if href == current else None,
+            aria_current="page" if href == current else None)
+        for href, text in site_nav
+    )
     return _read_template("page.html").substitute(
         title=esc(title), subtitle=subtitle, nav=links, body=body, generated=esc(when),
-        plotly_js=PLOTLY_JS, stylesheet=STYLESHEET,
+        plotly_js=PLOTLY_JS, stylesheet=STYLESHEET, site_nav=pages,
     )
+
+
+# --- CSV downloads ------------------------------------------------------------------------
+
+# A spreadsheet treats a cell that starts with one of these as a formula (CSV injection).
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_value(value: Any) -> str:
+    """One CSV cell: numbers as Python writes them, None empty, lists and dicts as JSON.
+
+    Text that a spreadsheet would run as a formula (it starts with ``= + - @``, a tab or a
+    carriage return) gets a leading apostrophe, so it is shown, never evaluated; numbers,
+    negative ones included, are written as numbers.
+    """
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return "" if isinstance(value, float) and math.isnan(value) else repr(value)
+    if isinstance(value, (list, tuple, dict)):
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    elif hasattr(value, "isoformat"):
+        text = value.isoformat()
+    else:
+        text = str(value)
+    return f"'{text}" if text.startswith(FORMULA_PREFIXES) else text
+
+
+def csv_text(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A CSV file (header row, then ``rows``), every cell through ``csv_value``."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([csv_value(c) for c in columns])
+    for row in rows:
+        writer.writerow([csv_value(v) for v in row])
+    return buf.getvalue()
+
+
+def download_link(href: str, text: str = "Download CSV") -> Html:
+    """A relative link to a file of the site, offered as a download."""
+    return tag("a", text, href=href, download=href.rsplit("/", 1)[-1], class_="download")
 
 
 def plotly_js_source() -> Path:
@@ -184,6 +241,11 @@ def write_site(out_dir: Path, pages: Mapping[str, str]) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir / "index.html"
+
+
+def check_replaceable(out_dir: Path) -> None:
+    """Raise ``InputError`` unless ``out_dir`` is new, empty or a previous matrun report."""
+    _check_replaceable(Path(os.path.abspath(out_dir)))
 
 
 def _check_replaceable(out_dir: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import polars as pl
 
-from matrun.reports.pages import Html, esc, join, table, tag
+from matrun.reports.pages import Html, download_link, esc, join, table, tag
 from matrun.reports.shape import InForce, mismatch_list
 
 # A throughput coefficient of variation above this marks the cell as noisy.
@@ -92,6 +92,8 @@ def baseline_section(
     cell_params: Mapping[tuple[str, str], Mapping[str, Any]],
     unfinished: Sequence[tuple[str, str]],
     figure: Html,
+    *,
+    csv_href: str | None = None,
 ) -> Html:
     """Per cell: medians over its ok runs with min–max spread, then the throughput bars.
 
@@ -132,7 +134,7 @@ def baseline_section(
             join(flags, " "),
         ])
         classes.append("mismatch" if mismatch_runs else None)
-    parts: list[Any] = []
+    parts: list[Any] = [download_link(csv_href)] if csv_href and rows else []
     if rows:
         parts.append(tag("div", table(headers, rows, row_classes=classes, id="baseline-table"),
                          class_="scroll"))
@@ -163,12 +165,12 @@ def _param(value: Any) -> Any:
 # --- epochs and monitor -----------------------------------------------------------------
 
 
-def epochs_section(figure: Html) -> Html:
+def epochs_section(figure: Html, *, csv_href: str | None = None) -> Html:
     return section(
         "epochs", "Accuracy and time per epoch",
         "Test accuracy after each epoch (bars: min–max over repeats) and the seconds each "
         "epoch's training took, per cell.",
-        figure,
+        download_link(csv_href) if csv_href else "", figure,
     )
 
 
@@ -192,8 +194,18 @@ def monitor_section(figure: Html, selected: str | None, embedded: int, total: in
 # --- provenance -------------------------------------------------------------------------
 
 
-def provenance_section(hosts: pl.DataFrame, envs: pl.DataFrame, in_force: Sequence[InForce]) -> Html:
-    """Where the runs ran, with what, and what was really in force, mismatches flagged."""
+def provenance_section(hosts: pl.DataFrame, envs: pl.DataFrame, in_force: Sequence[InForce],
+                       images: pl.DataFrame | None = None, *, downloads: bool = False) -> Html:
+    """Where the runs ran, with what, and what was really in force, mismatches flagged.
+
+    ``images``: the images table (tag, versions, BLAS, oneDNN, CUDA), shown when it has
+    rows.  ``downloads`` adds a CSV link to each table (the files are written by the site).
+    """
+    def heading(text: str, csv: str) -> Html:
+        if not downloads:
+            return tag("h3", text)
+        return tag("div", join([tag("h3", text), download_link(csv)]), class_="table-head")
+
     parts: list[Any] = []
     if hosts.height > 1:
         parts.append(tag("p", f"⚠ These runs come from {hosts.height} different host setups: "
@@ -204,15 +216,24 @@ def provenance_section(hosts: pl.DataFrame, envs: pl.DataFrame, in_force: Sequen
                               f"{len({(g.sweep, g.cell_id) for g in mismatched})} cell(s) did not get "
                               "what they asked for; the rows are highlighted below.",
                          class_="banner warn"))
-    parts.append(tag("h3", "Hosts"))
+    if downloads:
+        parts.append(tag("p", join(["Every run's host, versions, image and what was in force, "
+                                    "one row per run: ",
+                                    download_link("provenance.csv", "provenance.csv")]),
+                         class_="note"))
+    parts.append(heading("Hosts", "hosts.csv"))
     parts.append(_frame_table(hosts, {
         "hostname": "host", "cpu_model": "CPU model", "cpu_count": "CPUs", "os": "OS",
         "python": "Python", "matrun_version": "matrun", "runs": "runs"}))
-    parts.append(tag("h3", "Frameworks and environments"))
+    parts.append(heading("Frameworks and environments", "environments.csv"))
     parts.append(_frame_table(envs, {
         "framework": "framework", "framework_version": "version", "env_id": "environment",
-        "executor": "executor", "build": "build", "runs": "runs"}))
-    parts.append(tag("h3", "What was in force"))
+        "executor": "executor", "image_tag": "image", "image_blas": "image BLAS",
+        "image_onednn": "image oneDNN", "build": "build", "runs": "runs"}))
+    if images is not None and not images.is_empty():
+        parts.append(heading("Images", "images.csv"))
+        parts.append(_images_table(images))
+    parts.append(heading("What was in force", "in_force.csv"))
     rows = []
     for g in in_force:
         f = g.in_force
@@ -240,8 +261,25 @@ def provenance_section(hosts: pl.DataFrame, envs: pl.DataFrame, in_force: Sequen
     )
 
 
+def _images_table(images: pl.DataFrame) -> Html:
+    rows = []
+    for r in images.iter_rows(named=True):
+        size = r.get("size_bytes")
+        rows.append([
+            tag("code", r["tag"]), r.get("framework"), r.get("variant"), r.get("framework_version"),
+            r.get("python"), r.get("blas"), r.get("onednn"), r.get("openmp"), r.get("cuda"),
+            r.get("cudnn"), num(fmt(None if size is None else size / 2**20, 0)),
+            esc(_when(r.get("recorded_at"))),
+            num(fmt(r.get("runs"))) if r.get("runs") else flag("no run here", "muted"),
+        ])
+    return tag("div", table(
+        ["tag", "framework", "variant", "version", "Python", "BLAS", "oneDNN", "OpenMP", "CUDA",
+         "cuDNN", "MiB", "recorded", "runs"], rows, id="images-table"), class_="scroll")
+
+
 def _frame_table(frame: pl.DataFrame, columns: Mapping[str, str]) -> Html:
-    present = [c for c in columns if c in frame.columns]
+    present = [c for c in columns if c in frame.columns
+               and (not c.startswith("image_") or frame.get_column(c).drop_nulls().len() > 0)]
     rows = [[num(fmt(r[c])) if c in ("runs", "cpu_count") else r[c] for c in present]
             for r in frame.iter_rows(named=True)]
     return tag("div", table([columns[c] for c in present], rows), class_="scroll")
@@ -279,6 +317,7 @@ def _libraries(libraries: Sequence[Mapping[str, Any]]) -> Html:
 
 def runs_section(
     runs: pl.DataFrame, labels: Mapping[tuple[str, str], str], selected: str | None,
+    *, csv_href: str | None = None,
 ) -> Html:
     """Every run with its status, newest first; a run that did not succeed shows its error tail."""
     rows = []
@@ -311,6 +350,7 @@ def runs_section(
         "runs", "Runs",
         "Every run in the report, newest first. A run that did not succeed shows the last "
         "lines of its standard error. The run id is what matrun report --run takes.",
+        download_link(csv_href) if csv_href else "",
         tag("div", table(["run id", "cell", "status", "exit", "started", "wall s",
                           "images/s", "accuracy", "mismatches"],
                          rows, row_classes=classes, after=tails, id="runs-table"),

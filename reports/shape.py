@@ -9,8 +9,9 @@ comparison by framework).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import polars as pl
 
@@ -43,33 +44,68 @@ def _value(value: object) -> str:
     return str(value)
 
 
+# Above this many varying parameters a label names only what differs from the common value.
+MAX_FULL_LABEL_PARAMS = 4
+
+
+def label_parts(rows: Sequence[Mapping[str, Any]], params: Sequence[str],
+                always: Sequence[str] = ()) -> list[list[str]]:
+    """Per row, the parts of its label over ``params`` (the parameters that vary).
+
+    With few varying parameters every one is shown (``threads=2 · batch_size=64``).  With
+    more than ``MAX_FULL_LABEL_PARAMS`` a label shows a parameter only where its value is
+    not the most common one, so a broad sweep reads ``threads=4`` rather than thirteen
+    parameters; ``always`` (and framework, model, dataset when they vary) stay.  Two rows
+    with different values still get different labels: wherever they differ, at least
+    one of them has an uncommon value and shows it.
+    """
+    compact = len(params) > MAX_FULL_LABEL_PARAMS
+    common: dict[str, str] = {}
+    if compact:
+        for p in params:
+            values = [_value(r.get(p)) for r in rows]
+            common[p] = max(dict.fromkeys(values), key=values.count)
+    out = []
+    for r in rows:
+        parts = []
+        for p in params:
+            shown = _value(r.get(p))
+            if compact and p not in _BARE and p not in always and shown == common[p]:
+                continue
+            parts.append(shown if p in _BARE else f"{p}={shown}")
+        out.append(parts)
+    return out
+
+
+def _unique(labels: list[str], keys: Sequence[Any], width: int) -> list[str]:
+    counts: dict[str, int] = {}
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    return [f"{lab} ({str(k)[:width]})" if counts[lab] > 1 else lab for lab, k in zip(labels, keys)]
+
+
 def cell_labels(runs: pl.DataFrame) -> pl.DataFrame:
     """One row per (sweep, cell_id) with ``label``, from run_overview-shaped rows.
 
     When the report covers more than one sweep the sweep name leads the label.  Two cells
     whose shown parameters are equal (they differ in environment only, say) get their cell
-    id's first eight characters appended so no two cells share a label.
+    id's first eight characters appended so no two cells share a label.  Past
+    ``MAX_FULL_LABEL_PARAMS`` varying parameters, see ``label_parts``.
     """
     if runs.is_empty():
         return pl.DataFrame(schema={"sweep": pl.String, "cell_id": pl.String, "label": pl.String})
     cells = runs.unique(subset=["sweep", "cell_id"], keep="first", maintain_order=True)
     params = varying_params(cells)
     many_sweeps = cells.get_column("sweep").n_unique() > 1
+    rows = cells.to_dicts()
     labels: list[str] = []
-    for row in cells.iter_rows(named=True):
-        parts = [
-            _value(row[p]) if p in _BARE else f"{p}={_value(row[p])}" for p in params
-        ]
+    for row, parts in zip(rows, label_parts(rows, params)):
         if many_sweeps:
             parts.insert(0, f"[{row['sweep']}]")
-        labels.append(" · ".join(parts))
-    counts: dict[str, int] = {}
-    for label in labels:
-        counts[label] = counts.get(label, 0) + 1
+        labels.append(" · ".join(parts) or " · ".join(_value(row.get(p)) for p in DEFAULT_PARAMS))
     ids = cells.get_column("cell_id").to_list()
-    labels = [f"{lab} ({cid[:8]})" if counts[lab] > 1 else lab for lab, cid in zip(labels, ids)]
     return pl.DataFrame(
-        {"sweep": cells.get_column("sweep"), "cell_id": ids, "label": labels},
+        {"sweep": cells.get_column("sweep"), "cell_id": ids, "label": _unique(labels, ids, 8)},
         schema={"sweep": pl.String, "cell_id": pl.String, "label": pl.String},
     )
 
@@ -136,7 +172,8 @@ def mismatch_list(value: Any) -> list[str]:
 
 
 _HOST_COLUMNS = ("hostname", "cpu_model", "cpu_count", "os", "python", "matrun_version")
-_ENV_COLUMNS = ("framework", "framework_version", "env_id", "executor", "build")
+_ENV_COLUMNS = ("framework", "framework_version", "env_id", "executor", "image_tag", "image_blas",
+                "image_onednn", "build")
 
 
 def _grouped(provenance: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:
@@ -213,3 +250,77 @@ def in_force_summary(provenance: pl.DataFrame, runs: pl.DataFrame) -> list[InFor
             runs=1,
         )
     return list(groups.values())
+
+
+# --- labels for the study views' configurations and cells --------------------------------
+
+# Columns of the study views that may name a configuration or a cell, in the order shown.
+STUDY_PARAMS: tuple[str, ...] = (
+    "framework", "variant", "blas", "model", "dataset", "device", "mode", "gpus", "workers",
+    "threads", "onednn", "batch_size", "epochs", "iterations", "optimizer", "lr", "layout",
+    "precision", "unit",
+)
+
+
+def row_labels(
+    frame: pl.DataFrame, *, key: str = "cell_id", exclude: Sequence[str] = (),
+    lead: Sequence[str] = ("framework",),
+) -> dict[Any, str]:
+    """A label per distinct ``key`` of ``frame``: ``lead`` columns, then those that vary.
+
+    A configuration (``key="config"``) is labelled by what differs between the
+    configurations shown, less ``exclude`` (the view's axes, which label the points inside
+    it); a cell by what differs between the cells (compacted as ``label_parts`` says).
+    Two keys with the same label get the key's first six characters appended.
+    """
+    if frame.is_empty() or key not in frame.columns:
+        return {}
+    first = frame.unique(subset=[key], keep="first", maintain_order=True)
+    candidates = [c for c in STUDY_PARAMS if c in first.columns and c not in exclude]
+    varying = [c for c in candidates
+               if first.get_column(c).cast(pl.String).n_unique() > 1 and c not in lead]
+    rows = first.to_dicts()
+    leads = [c for c in lead if c in first.columns]
+    labels = []
+    for row, parts in zip(rows, label_parts(rows, varying)):
+        shown = [_value(row[c]) if c in _BARE else f"{c}={_value(row[c])}" for c in leads] + parts
+        if len(shown) <= len(leads):
+            shown += [_value(row[c]) for c in ("model", "dataset") if c in row and c not in varying]
+        labels.append(" · ".join(shown) or str(row[key]))
+    keys = [row[key] for row in rows]
+    return dict(zip(keys, _unique(labels, keys, 6)))
+
+
+def thread_text(value: Any) -> str:
+    """A thread setting as text (``-`` when missing)."""
+    return "-" if value is None else str(value)
+
+
+def thread_order(values: Sequence[Any]) -> list[str]:
+    """Thread settings as text, numbers ascending, then anything else (``unset``) last."""
+    texts = list(dict.fromkeys(thread_text(v) for v in values))
+    numeric = sorted((t for t in texts if t.isdigit()), key=int)
+    return numeric + [t for t in texts if not t.isdigit()]
+
+
+# --- publishing: no path of this machine leaves it ---------------------------------------
+
+# An absolute POSIX path with at least one directory, not part of a URL or a relative path.
+_ABS_PATH = re.compile(r"(?<![\w.:/~-])/(?:[^\s/\"'<>|:;,()\[\]{}]+/)+([^\s/\"'<>|:;,()\[\]{}]*)")
+
+
+def mask_paths(text: str) -> str:
+    """``text`` with every absolute path cut to ``…/<last part>``: /home/a/x.py -> …/x.py."""
+    return _ABS_PATH.sub(lambda m: f"…/{m.group(1)}", text)
+
+
+def mask_frame(frame: pl.DataFrame) -> pl.DataFrame:
+    """Every text value of ``frame`` (and every text in a list column) through ``mask_paths``."""
+    exprs = []
+    for name, dtype in frame.schema.items():
+        if dtype == pl.String:
+            exprs.append(pl.col(name).map_elements(mask_paths, return_dtype=pl.String))
+        elif dtype == pl.List(pl.String):
+            exprs.append(pl.col(name).list.eval(
+                pl.element().map_elements(mask_paths, return_dtype=pl.String)))
+    return frame.with_columns(exprs) if exprs and not frame.is_empty() else frame

@@ -219,15 +219,24 @@ def query(
 @_errors
 def report(
     warehouse: WarehouseOpt = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the static site into.")] = Path("report"),
+    out_dir: Annotated[Optional[Path], typer.Option(
+        "--out", help="Directory to write the static site into (default: report, unless --publish is given).")] = None,
     run: Annotated[Optional[str], typer.Option(help="Run id whose CPU and memory time series to show.")] = None,
     sweep_name: Annotated[Optional[str], typer.Option("--sweep", help="Only this sweep.")] = None,
+    publish: Annotated[Optional[Path], typer.Option(
+        "--publish", help="Also (or, without --out, only) write a copy for a public static host into "
+        "this directory: relative links only, absolute paths in the data cut to their last part.")] = None,
 ) -> None:
     """Write the static HTML report (works from file://) and print where it is."""
     from matrun.reports.build import build_report
 
-    index = build_report(warehouse=_warehouse(warehouse), out_dir=out_dir, run_id=run, sweep=sweep_name)
-    typer.echo(f"report: {index.resolve()}")
+    wh = _warehouse(warehouse)
+    if out_dir is not None or publish is None:
+        index = build_report(warehouse=wh, out_dir=out_dir or Path("report"), run_id=run, sweep=sweep_name)
+        typer.echo(f"report: {index.resolve()}")
+    if publish is not None:
+        index = build_report(warehouse=wh, out_dir=publish, run_id=run, sweep=sweep_name, publish=True)
+        typer.echo(f"published: {index.resolve()}")
 
 
 @app.command()
@@ -255,10 +264,13 @@ def envs(
 
 from matrun.runner.cli_data import data_app  # noqa: E402  (after _errors, which it uses)
 from matrun.runner.cli_images import build as _build, engine_app, images as _images  # noqa: E402
+from matrun.runner.cli_analysis import advise as _advise, compare as _compare  # noqa: E402
 
 app.add_typer(data_app, name="data")
 app.command("build")(_errors(_build))
 app.command("images")(_errors(_images))
+app.command("compare")(_errors(_compare))
+app.command("advise")(_errors(_advise))
 for _command in engine_app.registered_commands:
     _command.callback = _errors(_command.callback)
 app.add_typer(engine_app, name="engine")

@@ -17,10 +17,14 @@ Cell B (threads 2, model ``</script><script>alert(1)</script>``): two ok runs, t
 with a thread mismatch; it holds the latest ok run.  Cell C (threads 4): one failed run,
 started last, whose error tail is hostile HTML.  Sweep ``<img src=x onerror=alert(2)>``:
 cell D (threads 8) on host ``<b>evil-host</b>``, one ok run.
+
+The site has a page per section with data (reports/site.py); the study sections are tested
+on the warehouse of tests/report_fixture.py, which has rows in every study view.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import statistics
 from html.parser import HTMLParser
@@ -35,12 +39,18 @@ from bundle_factory import make_bundle, read_json
 from matrun.errors import InputError
 from matrun.reports import build_report
 from matrun.reports import data as reads
+from matrun.reports.build import PublishLeak, check_no_local_paths, local_paths
+from matrun.reports.data import STUDY_VIEWS
 from matrun.reports.figures import epoch_figure, monitor_figure, throughput_figure
-from matrun.reports.pages import MARKER, plotly_js_source, script_json
-from matrun.reports.shape import cell_labels, choose_run
+from matrun.reports.pages import MARKER, csv_value, plotly_js_source, script_json
+from matrun.reports.shape import cell_labels, choose_run, mask_paths
+from matrun.reports.site import PAGES
 from matrun.runner.bundle import write_json_atomic
 from matrun.warehouse.db import open_warehouse
 from matrun.warehouse.ingest import ingest
+from matrun.warehouse.query import run_query
+from report_fixture import (FORMULA, TAIL_FORMULA, XSS_ATTR, XSS_HOSTNAME, XSS_LIB, XSS_SCRIPT,
+                            build_study_warehouse)
 
 MiB = 2**20
 A, B, C, D = "a000000000000001", "b000000000000002", "c000000000000003", "d000000000000004"
@@ -177,6 +187,11 @@ def parse(index: Path) -> Node:
     return builder.root
 
 
+def page(index: Path, name: str) -> Node:
+    """The parsed page ``name`` of the site whose front page is ``index``."""
+    return parse(index.parent / name)
+
+
 def table_rows(dom: Node, table_id: str) -> tuple[list[str], list[list[Node]], list[Node]]:
     """(header texts, data rows as lists of <td>, the <tr> nodes) of a table."""
     table = dom.find("table", id=table_id)
@@ -211,7 +226,7 @@ def main_and_sub(td: Node) -> tuple[str, str]:
 
 
 def test_baseline_table_has_the_hand_computed_medians(fixture_site: Path) -> None:
-    headers, rows, _ = table_rows(parse(fixture_site), "baseline-table")
+    headers, rows, _ = table_rows(page(fixture_site, "baseline.html"), "baseline-table")
     assert headers[:2] == ["model", "threads"]  # the parameters that vary, nothing else
     by_threads = {cell(r, headers, "threads").text(): r for r in rows}
     assert set(by_threads) == {"1", "2"}  # cell C never succeeded: not in the baseline
@@ -229,7 +244,7 @@ def test_baseline_table_has_the_hand_computed_medians(fixture_site: Path) -> Non
 
 
 def test_baseline_flags_mismatches_and_lists_cells_without_success(fixture_site: Path) -> None:
-    dom = parse(fixture_site)
+    dom = page(fixture_site, "baseline.html")
     headers, rows, trs = table_rows(dom, "baseline-table")
     b = next(i for i, r in enumerate(rows) if cell(r, headers, "threads").text() == "2")
     assert "mismatch" in trs[b].classes()
@@ -243,10 +258,13 @@ def test_baseline_flags_mismatches_and_lists_cells_without_success(fixture_site:
 
 
 def test_figure_divs_exist_and_are_drawn(fixture_site: Path) -> None:
-    dom = parse(fixture_site)
-    for div_id in ("fig-throughput", "fig-epochs", "fig-monitor"):
+    dom = page(fixture_site, "baseline.html")
+    for div_id in ("fig-throughput", "fig-epochs"):
         assert "figure" in dom.find("div", id=div_id).classes()
         assert figure_spec(dom, div_id)["data"], div_id
+    runs_page = page(fixture_site, "runs.html")
+    assert "figure" in runs_page.find("div", id="fig-monitor").classes()
+    assert figure_spec(runs_page, "fig-monitor")["data"]
     bars = figure_spec(dom, "fig-throughput")["data"][0]
     a = bars["y"].index("lenet5 · threads=1")
     assert bars["x"][a] == pytest.approx(3200.0)  # cell A's median, min-max as error bars
@@ -262,34 +280,39 @@ def test_figure_divs_exist_and_are_drawn(fixture_site: Path) -> None:
 
 def test_plotly_js_is_one_local_relative_copy(fixture_site: Path) -> None:
     site = fixture_site.parent
-    dom = parse(fixture_site)
-    sources = [s.attrs["src"] for s in dom.find_all("script") if s.attrs.get("src")]
-    assert sources == ["assets/plotly.min.js"]
+    for html_page in site.glob("*.html"):
+        dom = parse(html_page)
+        sources = [s.attrs["src"] for s in dom.find_all("script") if s.attrs.get("src")]
+        assert sources == ["assets/plotly.min.js"], html_page.name
+        stylesheets = [link.attrs["href"] for link in dom.find_all("link")]
+        assert stylesheets == ["assets/report.css"], html_page.name
+        html_text = html_page.read_text(encoding="utf-8")
+        assert "cdn.plot.ly" not in html_text and "https://" not in html_text
     copies = [p for p in site.rglob("*.js")]
     assert copies == [site / "assets" / "plotly.min.js"]
     assert copies[0].read_bytes() == plotly_js_source().read_bytes()
-    stylesheets = [link.attrs["href"] for link in dom.find_all("link")]
-    assert stylesheets == ["assets/report.css"] and (site / "assets" / "report.css").is_file()
-    html_text = fixture_site.read_text(encoding="utf-8")
-    assert "cdn.plot.ly" not in html_text and "https://" not in html_text
+    assert (site / "assets" / "report.css").is_file()
 
 
 def test_hostile_labels_appear_only_escaped(all_site: Path) -> None:
-    dom = parse(all_site)
-    scripts = dom.find_all("script")
-    inline = [s for s in scripts if not s.attrs.get("src")]
-    assert len(inline) == 3 and all(s.text().startswith("(function () { var fig =") for s in inline)
-    assert not dom.find_all("img") and not dom.find_all("pre", class_="tail")[0].find_all("script")
-    assert not [n for n in dom.iter() if any(k.startswith("on") for k in n.attrs)]
-    page_text = dom.find("main").text()
+    page_text = ""
+    for html_page in sorted(all_site.parent.glob("*.html")):
+        dom = parse(html_page)
+        inline = [s for s in dom.find_all("script") if not s.attrs.get("src")]
+        assert all(s.text().startswith("(function () { var fig =") for s in inline), html_page.name
+        assert all("<" not in s.text() for s in inline)
+        assert not dom.find_all("img") and not [b for b in dom.find_all("b") if b.text() == "evil-host"]
+        for tail in dom.find_all("pre", class_="tail"):
+            assert not tail.find_all("script")
+        assert not [n for n in dom.iter() if any(k.startswith("on") for k in n.attrs)]
+        page_text += dom.find("main").text() + dom.find("header").text()
+        raw = html_page.read_text(encoding="utf-8")
+        assert "<script>alert" not in raw and "<img" not in raw and "<b>evil" not in raw
     for hostile in (XSS_MODEL, XSS_SWEEP, XSS_HOST, XSS_TAIL):
         assert hostile in page_text  # shown to the reader as text
-    raw = all_site.read_text(encoding="utf-8")
-    assert "<script>alert" not in raw and "<img" not in raw and "<b>evil" not in raw
     # Inside the figure JSON no "<" survives; Plotly gets the label as entities.
-    bars = figure_spec(dom, "fig-throughput")["data"][0]
+    bars = figure_spec(page(all_site, "baseline.html"), "fig-throughput")["data"][0]
     assert any("&lt;/script&gt;&lt;script&gt;alert(1)" in y for y in bars["y"])
-    assert all("<" not in s.text() for s in inline)
 
 
 def test_script_json_escapes_what_could_close_a_script() -> None:
@@ -300,7 +323,7 @@ def test_script_json_escapes_what_could_close_a_script() -> None:
 
 
 def test_failed_run_shows_its_error_tail_escaped(fixture_site: Path) -> None:
-    dom = parse(fixture_site)
+    dom = page(fixture_site, "runs.html")
     headers, rows, trs = table_rows(dom, "runs-table")
     failed = next(i for i, r in enumerate(rows) if cell(r, headers, "run id").text().startswith(C))
     assert "failed" in trs[failed].classes()
@@ -314,7 +337,7 @@ def test_failed_run_shows_its_error_tail_escaped(fixture_site: Path) -> None:
 
 
 def test_provenance_shows_hosts_versions_and_highlights_mismatches(all_site: Path) -> None:
-    dom = parse(all_site)
+    dom = page(all_site, "provenance.html")
     section = dom.find("section", id="provenance")
     text = section.text()
     for expected in ("fixture-host", XSS_HOST, "Fixture CPU", "3.11.7", "0.1.0",
@@ -337,7 +360,7 @@ def _visible_x(dom: Node) -> list[list[float]]:
 
 
 def test_monitor_defaults_to_the_latest_ok_run(fixture_site: Path) -> None:
-    dom = parse(fixture_site)
+    dom = page(fixture_site, "runs.html")
     visible = _visible_x(dom)
     assert len(visible) == 4 and visible[0] == [2.0, 3.0]  # cell B, repeat 1
     headers, rows, trs = table_rows(dom, "runs-table")
@@ -351,7 +374,7 @@ def test_monitor_defaults_to_the_latest_ok_run(fixture_site: Path) -> None:
 
 def test_run_id_picks_the_monitor_run(warehouse: Path, tmp_path: Path) -> None:
     index = build_report(warehouse=warehouse, out_dir=tmp_path / "r", run_id=f"{A}/1-1")
-    dom = parse(index)
+    dom = page(index, "runs.html")
     assert _visible_x(dom)[0] == [0.2, 0.4]
     assert f"Showing run {A}/1-1" in dom.find("section", id="monitor").text()
     rss = [t for t in figure_spec(dom, "fig-monitor")["data"] if t.get("visible")][-1]["y"]
@@ -369,11 +392,11 @@ def test_unknown_run_id_or_sweep_is_an_input_error(warehouse: Path, tmp_path: Pa
 
 
 def test_sweep_filters_the_report(fixture_site: Path, all_site: Path) -> None:
-    headers, rows, _ = table_rows(parse(fixture_site), "runs-table")
+    headers, rows, _ = table_rows(page(fixture_site, "runs.html"), "runs-table")
     assert len(rows) == 6 and not any(cell(r, headers, "run id").text().startswith(D) for r in rows)
-    headers, rows, _ = table_rows(parse(all_site), "runs-table")
+    headers, rows, _ = table_rows(page(all_site, "runs.html"), "runs-table")
     assert len(rows) == 7
-    base_headers, base_rows, _ = table_rows(parse(all_site), "baseline-table")
+    base_headers, base_rows, _ = table_rows(page(all_site, "baseline.html"), "baseline-table")
     assert base_headers[0] == "sweep"
     assert sorted(cell(r, base_headers, "sweep").text() for r in base_rows) == [
         XSS_SWEEP, "fixture", "fixture"]
@@ -391,6 +414,12 @@ def test_empty_warehouse_gives_a_no_runs_page(tmp_path: Path) -> None:
     assert "No runs yet in the warehouse." in dom.find("section", id="empty").text()
     assert not dom.find_all("div", class_="figure")
     assert (tmp_path / "site" / "assets" / "plotly.min.js").is_file()
+    # No section has rows: the front page alone, no CSV, no page links
+    files = sorted(str(p.relative_to(tmp_path / "site")) for p in (tmp_path / "site").rglob("*"))
+    assert files == [MARKER, "assets", "assets/plotly.min.js", "assets/report.css", "index.html"]
+    assert not dom.find("nav", class_="pages").find_all("a")
+    published = build_report(warehouse=path, out_dir=tmp_path / "public", publish=True)
+    assert "No runs yet" in published.read_text(encoding="utf-8")
 
 
 def test_rebuild_replaces_a_report_but_never_another_directory(warehouse: Path, tmp_path: Path) -> None:
@@ -506,3 +535,300 @@ def test_monitor_figure_switches_runs_with_a_menu() -> None:
     assert buttons[1].args[0]["visible"] == [False] * 4 + [True] * 4
     single = monitor_figure(samples, [("r1", "run one")], "r1")
     assert not single.layout.updatemenus and len(single.data) == 4
+
+
+def test_labels_of_a_broad_sweep_name_only_the_uncommon_values() -> None:
+    # Five parameters vary: past four, a label shows a value only where it is not the most
+    # common one, and stays unique.
+    runs = _runs(threads=["1", "2", "1", "1"], batch_size=[64, 64, 128, 64],
+                 model=["lenet5", "lenet5", "lenet5", "alexnet"],
+                 dataset=["mnist", "mnist", "mnist", "cifar10"], framework=["torch"] * 3 + ["mxnet"],
+                 optimizer=["sgd", "sgd", "sgd", "adam"])
+    labels = cell_labels(runs).get_column("label").to_list()
+    assert labels == ["torch · lenet5 · mnist", "torch · lenet5 · mnist · threads=2",
+                      "torch · lenet5 · mnist · batch_size=128",
+                      "mxnet · alexnet · cifar10 · optimizer=adam"]
+
+
+def test_mask_paths_keeps_the_last_part_only() -> None:
+    text = 'File "/home/alice/results/s/c/0-1/harness.py", line 3 in /usr/lib/libgomp.so.1; ' \
+           "https://example.org/a/b stays, a/b/c stays, 3/4 stays"
+    assert mask_paths(text) == ('File "…/harness.py", line 3 in …/libgomp.so.1; '
+                                "https://example.org/a/b stays, a/b/c stays, 3/4 stays")
+
+
+# --- the site: a page per section with data ------------------------------------------------
+
+STUDY_PAGES = {"index.html", "baseline.html", "libraries.html", "threads.html", "epochs.html",
+               "batch.html", "batch-lr.html", "scaling.html", "convergence.html", "layers.html",
+               "options.html", "pareto.html", "provenance.html", "runs.html"}
+
+
+@pytest.fixture(scope="module")
+def study_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_study_warehouse(tmp_path_factory.mktemp("study"))
+
+
+@pytest.fixture(scope="module")
+def study_site(study_warehouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_report(warehouse=study_warehouse, out_dir=tmp_path_factory.mktemp("study-site") / "r")
+
+
+def html_pages(index: Path) -> set[str]:
+    return {p.name for p in index.parent.glob("*.html")}
+
+
+def test_pages_exist_only_for_sections_with_data(study_site: Path, fixture_site: Path,
+                                                 tmp_path: Path) -> None:
+    assert html_pages(study_site) == STUDY_PAGES  # a row in every study view
+    # Sweep "fixture": a thread comparison (A and C, with D of the other sweep), no batch,
+    # epochs, library, option, scaling or layer comparison
+    assert html_pages(fixture_site) == {"index.html", "baseline.html", "threads.html",
+                                        "convergence.html", "pareto.html", "provenance.html",
+                                        "runs.html"}
+    nav = [a.attrs["href"] for a in parse(fixture_site).find("nav", class_="pages").find_all("a")]
+    assert nav == ["index.html", "baseline.html", "threads.html", "convergence.html",
+                   "pareto.html", "provenance.html", "runs.html"]
+    # Only failed runs: no baseline, no study page, the runs and where they ran
+    make_bundle(tmp_path / "results", status="failed", exit_code=1, error_tail="boom")
+    ingest([tmp_path / "results"], warehouse=tmp_path / "w.duckdb")
+    index = build_report(warehouse=tmp_path / "w.duckdb", out_dir=tmp_path / "site")
+    assert html_pages(index) == {"index.html", "provenance.html", "runs.html"}
+    assert "No cell has a successful run yet" in parse(index).find("main").text()
+
+
+def test_every_page_links_the_others_relatively(study_site: Path) -> None:
+    site = study_site.parent
+    expected = ["index.html", *[spec.file for spec in PAGES]]
+    for name in STUDY_PAGES:
+        dom = parse(site / name)
+        links = dom.find("nav", class_="pages").find_all("a")
+        assert [a.attrs["href"] for a in links] == expected, name
+        current = [a.attrs["href"] for a in links if a.attrs.get("aria-current") == "page"]
+        assert current == [name]
+        ids = {n.attrs["id"] for n in dom.iter() if n.attrs.get("id")}
+        for node in dom.iter():
+            for attr in ("href", "src"):
+                target = node.attrs.get(attr)
+                if target is None:
+                    continue
+                assert "://" not in target and not target.startswith(("/", "..")), (name, target)
+                if target.startswith("#"):
+                    assert target[1:] in ids, (name, target)
+                else:
+                    assert (site / target.split("#")[0]).is_file(), (name, target)
+
+
+def _csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    with path.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))
+    return rows[0], rows[1:]
+
+
+def test_csv_downloads_match_the_view_rows(study_warehouse: Path, study_site: Path) -> None:
+    site = study_site.parent
+    linked = {a.attrs["href"] for name in STUDY_PAGES
+              for a in parse(site / name).find_all("a", class_="download")}
+    for view in [*STUDY_VIEWS, "baseline", "epoch_curve", "provenance"]:
+        columns, rows = run_query(f"SELECT * FROM {view}", warehouse=study_warehouse)
+        assert rows, view  # the fixture has rows in every view
+        header, body = _csv(site / f"{view}.csv")
+        assert header == columns, view
+        assert len(body) == len(rows), view
+        assert f"{view}.csv" in linked, view
+        if "cell_id" in columns:
+            i = columns.index("cell_id")
+            assert sorted(r[i] for r in body) == sorted("" if r[i] is None else str(r[i]) for r in rows), view
+    # Numbers are written as numbers, exactly
+    columns, rows = run_query("SELECT cell_id, throughput_median, significant FROM thread_sweep",
+                              warehouse=study_warehouse)
+    header, body = _csv(site / "thread_sweep.csv")
+    got = {r[header.index("cell_id")]: (r[header.index("throughput_median")], r[header.index("significant")])
+           for r in body}
+    for cell_id, median, significant in rows:
+        text, sig = got[cell_id]
+        assert (float(text) if text else None) == median
+        assert sig == {True: "true", False: "false", None: ""}[significant]
+    header, body = _csv(site / "runs.csv")
+    assert len(body) == run_query("SELECT count(*) FROM runs", warehouse=study_warehouse)[1][0][0]
+    assert "error_tail" in header
+
+
+def test_csv_cells_that_look_like_formulas_are_neutralised(study_site: Path) -> None:
+    site = study_site.parent
+    header, body = _csv(site / "thread_sweep.csv")
+    evil = [r for r in body if r[header.index("cell_id")].startswith("evil-")]
+    assert evil and all(r[header.index("dataset")] == "'" + FORMULA for r in evil)
+    header, body = _csv(site / "runs.csv")
+    tails = [r[header.index("error_tail")] for r in body if r[header.index("status")] == "failed"]
+    assert [t.splitlines()[0] for t in tails] == ["'" + TAIL_FORMULA]
+    for path in site.glob("*.csv"):
+        for row in _csv(path)[1]:
+            for value in row:
+                assert not value.startswith(("=", "+", "@", "\t", "\r")), (path.name, value)
+                if value.startswith("-") and value != "-":
+                    float(value)  # a negative number, kept as a number
+    header, body = _csv(site / "option_effect.csv")
+    assert any(float(r[header.index("accuracy_change")]) < 0 for r in body)  # oneDNN off: -0.75
+    assert [csv_value(v) for v in ("=1+2", "+1", "-1", "@A1", "\tx", "\rx", "plain", -1.5, None, True)] == [
+        "'=1+2", "'+1", "'-1", "'@A1", "'\tx", "'\rx", "plain", "-1.5", "", "true"]
+
+
+def test_study_pages_show_hostile_text_only_as_text(study_site: Path) -> None:
+    site = study_site.parent
+    texts = {}
+    for name in sorted(STUDY_PAGES):
+        dom = parse(site / name)
+        raw = (site / name).read_text(encoding="utf-8")
+        assert "<script>alert" not in raw and "<img" not in raw and "<svg" not in raw, name
+        assert not dom.find_all("img") and not dom.find_all("svg"), name
+        assert not [n for n in dom.iter() if any(k.startswith("on") for k in n.attrs)], name
+        inline = [s for s in dom.find_all("script") if not s.attrs.get("src")]
+        assert all(s.text().startswith("(function () { var fig =") for s in inline), name
+        assert all("<" not in s.text() for s in inline), name
+        texts[name] = dom.find("main").text()
+    assert XSS_SCRIPT in texts["baseline.html"] and XSS_ATTR in texts["baseline.html"]
+    assert XSS_HOSTNAME in texts["provenance.html"] and XSS_LIB in texts["provenance.html"]
+    assert XSS_SCRIPT in texts["runs.html"] and XSS_ATTR in texts["runs.html"]  # the error tail
+    assert XSS_SCRIPT in texts["threads.html"] and XSS_SCRIPT in texts["pareto.html"]
+    legend = [t["name"] for t in figure_spec(parse(site / "threads.html"), "fig-threads")["data"]]
+    assert any("&lt;script&gt;alert(1)&lt;/script&gt;" in n for n in legend)
+
+
+# The label of the study fixture's thread sweep at batch 64 (configurations differ in model,
+# dataset and batch size).
+BATCH_64 = "torch · lenet5 · fashion-mnist · batch_size=64"
+
+
+def _verdicts(dom: Node, table_id: str) -> list[str]:
+    headers, rows, _ = table_rows(dom, table_id)
+    return [next((s.text() for s in cell(r, headers, "verdict").find_all("span")
+                  if "flag" in s.classes()), "–") for r in rows]
+
+
+def test_verdicts_are_never_worded_as_wins_without_significance(study_warehouse: Path,
+                                                                 study_site: Path) -> None:
+    site = study_site.parent
+    for view, page_name, table_id in (
+            ("thread_sweep", "threads.html", "threads-table"),
+            ("library_comparison", "libraries.html", "libraries-table"),
+            ("batch_sweep", "batch.html", "batch-table"),
+            ("worker_scaling", "scaling.html", "scaling-table"),
+            ("option_effect", "options.html", "options-table"),
+            ("best_vs_default", "baseline.html", "best-table")):
+        order = reads.STUDY_VIEWS[view].order
+        columns, rows = run_query(f"SELECT verdict, significant FROM {view} ORDER BY {order}",
+                                  warehouse=study_warehouse)
+        badges = _verdicts(parse(site / page_name), table_id)
+        assert len(badges) == len(rows), view
+        for badge, (verdict, significant) in zip(badges, rows):
+            if badge in ("faster", "slower"):
+                assert significant is True and badge == verdict, (view, badge, verdict)
+            elif verdict not in ("reference", "default is fastest", None):
+                assert badge == "not significant" and not significant, (view, badge, verdict)
+    # threads 4 vs 1 at batch 64, 4 runs each, all faster: exact p = 2/70
+    headers, rows, _ = table_rows(parse(site / "threads.html"), "threads-table")
+    four = next(r for r in rows if cell(r, headers, "threads").text().startswith("4")
+                and cell(r, headers, "configuration").text() == BATCH_64)
+    assert cell(four, headers, "verdict").text() == "fasterp = 0.0286 · mann-whitney exact"
+    # ×3 on the GPU with one run against one: shown, but grey and "not significant"
+    best = figure_spec(parse(site / "baseline.html"), "fig-best")["data"][1]
+    gpu = next(i for i, x in enumerate(best["x"]) if "resnet18" in x)
+    assert best["marker"]["color"][gpu] == "#8c95a6" and "not significant" in best["text"][gpu]
+
+
+def test_medians_carry_their_intervals(study_site: Path) -> None:
+    dom = parse(study_site.parent / "threads.html")
+    headers, rows, _ = table_rows(dom, "threads-table")
+    one = next(r for r in rows if cell(r, headers, "threads").text() == "1"
+               and cell(r, headers, "configuration").text() == BATCH_64)
+    # throughputs 100, 103, 106, 109: median 104.5, [min, max] covers the median 87.5 %
+    assert main_and_sub(cell(one, headers, "images/s")) == (
+        "104.5", "range 100.0–109.0 (n=4, 87.5% coverage)")
+    trace = next(t for t in figure_spec(dom, "fig-threads")["data"]
+                 if t["name"] == BATCH_64 and t["xaxis"] == "x")
+    i = trace["x"].index("1")
+    assert trace["y"][i] == pytest.approx(104.5)
+    assert trace["error_y"]["array"][i] == pytest.approx(4.5)
+    assert trace["error_y"]["arrayminus"][i] == pytest.approx(4.5)
+
+
+def test_a_sweep_report_keeps_the_reference_another_sweep_ran(fixture_site: Path) -> None:
+    header, body = _csv(fixture_site.parent / "thread_sweep.csv")
+    assert sorted(r[header.index("cell_id")] for r in body) == [A, C, D]
+    assert {r[header.index("ref_cell_id")] for r in body} == {A}
+
+
+# --- publishing ------------------------------------------------------------------------------
+
+
+def test_publish_writes_a_copy_without_local_paths(study_warehouse: Path, tmp_path: Path) -> None:
+    results = study_warehouse.parent / "results"
+    local = build_report(warehouse=study_warehouse, out_dir=tmp_path / "local")
+    assert str(results) in (local.parent / "runs.html").read_text(encoding="utf-8")  # the tail
+    published = build_report(warehouse=study_warehouse, out_dir=tmp_path / "public", publish=True)
+    site = published.parent
+    assert html_pages(published) == STUDY_PAGES
+    for path in site.rglob("*"):
+        if path.is_file() and path.suffix in (".html", ".csv", ".css"):
+            text = path.read_text(encoding="utf-8")
+            for secret in (str(results), str(study_warehouse), str(tmp_path), "/opt/secret"):
+                assert secret not in text, (path.name, secret)
+    runs_text = parse(site / "runs.html").find("main").text()
+    assert 'File "…/harness.py", line 1' in runs_text
+    assert "…/<b>libx</b>.so" in parse(site / "provenance.html").find("main").text()
+    assert "study.duckdb" not in published.read_text(encoding="utf-8")
+    assert (site / MARKER).is_file()
+
+
+def test_publish_refuses_a_directory_that_is_not_a_report(warehouse: Path, tmp_path: Path) -> None:
+    foreign = tmp_path / "www"
+    foreign.mkdir()
+    (foreign / "index.html").write_text("my site", encoding="utf-8")
+    with pytest.raises(InputError) as info:
+        build_report(warehouse=warehouse, out_dir=foreign, publish=True)
+    assert str(info.value) == (f"report directory {foreign} exists and is not a matrun report "
+                               f"(no {MARKER} in it); choose a new or empty directory")
+    assert [p.name for p in foreign.iterdir()] == ["index.html"]
+    a_file = tmp_path / "file"
+    a_file.write_text("x", encoding="utf-8")
+    with pytest.raises(InputError, match="exists and is not a directory"):
+        build_report(warehouse=warehouse, out_dir=a_file, publish=True)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    build_report(warehouse=warehouse, out_dir=empty, publish=True)
+    build_report(warehouse=warehouse, out_dir=empty, publish=True)  # over its own report
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "file", "www"]
+
+
+def test_publish_fails_rather_than_leak_a_local_path() -> None:
+    with pytest.raises(PublishLeak) as info:
+        check_no_local_paths({"index.html": "ok", "runs.csv": "x,/srv/results/a/0-1,y"},
+                             ["/srv/results"])
+    assert str(info.value) == ("refusing to publish: runs.csv would contain the local path "
+                               "/srv/results; nothing was written")
+    assert local_paths(warehouse=Path("/srv/w/m.duckdb"), out_dir=Path("/tmp/x"),
+                       bundles=["/srv/w/results/s/c/0-1", "/srv/w/results/s/d/0-1"])[:4] == [
+        "/srv/w", "/srv/w/m.duckdb", "/srv/w/results/s", "/srv/w/results/s/c/0-1"]
+
+
+def test_cli_report_publish(warehouse: Path, tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from matrun.runner.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(app, ["report", "--warehouse", str(warehouse), "--publish", "pub"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"published: {tmp_path / 'pub' / 'index.html'}\n"
+    assert not (tmp_path / "report").exists()  # --publish alone writes only the public copy
+    result = runner.invoke(app, ["report", "--warehouse", str(warehouse), "--out", "local",
+                                 "--publish", "pub"])
+    assert result.exit_code == 0 and (tmp_path / "local" / "runs.html").is_file()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x", encoding="utf-8")
+    result = runner.invoke(app, ["report", "--warehouse", str(warehouse), "--publish", "notes"])
+    assert result.exit_code == 2
+    assert f"Error: report directory {tmp_path / 'notes'} exists and is not a matrun report" in result.output

@@ -1,0 +1,479 @@
+"""The HTML of the study pages: tables of the study views with their figures.
+
+Statistics are shown as the views compute them: a median with its interval (a 95 %
+confidence interval, or below six runs only the [min, max] range, said so with its true
+coverage), ``noisy`` where the coefficient of variation is above 5 %, and each comparison's
+verdict as a badge: green or red only when the test found the difference significant; a
+difference that is not significant is labelled "not significant", never "faster".
+Every value from the warehouse passes through ``pages.esc`` (via ``table`` / ``tag``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import polars as pl
+
+from matrun.reports.pages import Html, download_link, esc, join, table, tag
+from matrun.reports.sections import _missing, flag, fmt, fmt_pct, num
+from matrun.reports.study_figures import interval_text
+
+# An HTML table shows at most this many rows; the CSV next to it has them all.
+MAX_TABLE_ROWS = 250
+
+
+# --- cells of the tables ------------------------------------------------------------------
+
+
+def ci_cell(row: Mapping[str, Any], stat: str, levels: Mapping[str, Mapping[str, Any]],
+            *, digits: int = 2, percent: bool = False, median: str | None = None,
+            noisy: bool = False) -> Html:
+    """A median with its interval (and coverage) as the small line under it."""
+    name = median or stat
+    value = row.get(f"{name}_median")
+    level = levels.get(row.get("cell_id"), {})
+    text = fmt_pct(value, digits) if percent else fmt(value, digits)
+    words = interval_text(row.get(f"{name}_ci_low"), row.get(f"{name}_ci_high"),
+                          level.get(f"{stat}_ci_level"), level.get(f"{stat}_n"), digits, percent)
+    if _missing(value):
+        words = ""
+    cell = num(text, words or None)
+    if noisy and row.get(f"{name}_noisy"):
+        cell = Html(cell + flag("noisy", "warn", "coefficient of variation above 5 %"))
+    return cell
+
+
+def verdict_badge(verdict: Any, significant: Any, p_value: Any = None, test: Any = None) -> Html:
+    """A comparison's verdict: coloured only when significant, else "not significant"."""
+    if verdict is None:
+        return esc(None)
+    detail = []
+    if not _missing(p_value):
+        detail.append(f"p = {p_value:.3g}")
+    if test == "interval overlap":
+        detail.append("too few runs to test")
+    elif test:
+        detail.append(str(test))
+    sub = tag("span", " · ".join(detail), class_="sub",
+              title="interval overlap: with these run counts no result can reach p < 0.05"
+              if test == "interval overlap" else None) if detail else Html("")
+    if verdict == "reference":
+        return Html(flag("reference", "muted", "the cell the others are compared with") + sub)
+    if verdict == "default is fastest":
+        return Html(flag("default is fastest", "muted") + sub)
+    if significant is True and verdict in ("faster", "more accurate"):
+        return Html(flag(verdict, "sig", "significant at p < 0.05") + sub)
+    if significant is True and verdict in ("slower", "less accurate"):
+        return Html(flag(verdict, "bad", "significant at p < 0.05") + sub)
+    return Html(flag("not significant", "muted", "no significant difference at p < 0.05") + sub)
+
+
+def ratio(value: Any, digits: int = 2) -> Html:
+    return num("–" if _missing(value) else f"×{value:,.{digits}f}")
+
+
+def change_pp(value: Any) -> Html:
+    return num("–" if _missing(value) else f"{value:+.2f} pp")
+
+
+def onoff(value: Any) -> Any:
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) or value is None else value
+
+
+# --- a table with its CSV ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    cell: Callable[[Mapping[str, Any]], Any]
+
+
+def table_block(title: str, table_id: str, frame: pl.DataFrame, columns: Sequence[Column],
+                csv_href: str, *, row_class: Callable[[Mapping[str, Any]], str | None] | None = None,
+                note: Any = None) -> Html:
+    """A heading with the CSV link, then the table (at most MAX_TABLE_ROWS rows)."""
+    rows = frame.head(MAX_TABLE_ROWS).to_dicts()
+    head = tag("div", join([tag("h3", title), download_link(csv_href)]), class_="table-head")
+    parts: list[Any] = [head]
+    if note:
+        parts.append(tag("p", note, class_="note"))
+    parts.append(tag("div", table(
+        [c.header for c in columns], [[c.cell(r) for c in columns] for r in rows],
+        row_classes=[row_class(r) for r in rows] if row_class else None, id=table_id,
+    ), class_="scroll"))
+    if frame.height > MAX_TABLE_ROWS:
+        parts.append(tag("p", f"Showing the first {MAX_TABLE_ROWS} of {frame.height} rows; "
+                              "the CSV has them all.", class_="note"))
+    return join(parts)
+
+
+def _label(labels: Mapping[Any, str], key: str) -> Callable[[Mapping[str, Any]], Any]:
+    return lambda r: labels.get(r.get(key), r.get(key))
+
+
+def _reference_row(r: Mapping[str, Any]) -> str | None:
+    return "reference" if r.get("cell_id") is not None and r.get("cell_id") == r.get("ref_cell_id") else None
+
+
+def _verdict(prefix: str = "") -> Callable[[Mapping[str, Any]], Html]:
+    """The verdict column of a view (``accuracy_`` for the accuracy test's)."""
+    return lambda r: verdict_badge(r.get(f"{prefix}verdict"), r.get(f"{prefix}significant"),
+                                   r.get(f"{prefix}p_value"), r.get(f"{prefix}test"))
+
+
+def more_note(shown: int, total: int, what: str) -> Html | str:
+    return (f"The figures show the first {shown} of {total} {what}; the table and its CSV "
+            "have them all." if total > shown else "")
+
+
+# --- A1: default cells and best settings ---------------------------------------------------
+
+
+def defaults_table(frame: pl.DataFrame, levels: Mapping[str, Mapping[str, Any]]) -> Html:
+    columns = [
+        Column("framework", lambda r: r["framework"]), Column("model", lambda r: r["model"]),
+        Column("dataset", lambda r: r["dataset"]), Column("device", lambda r: r["device"]),
+        Column("mode", lambda r: r["mode"]),
+        Column("default cell", lambda r: tag("code", r["cell_id"]) if r["cell_id"] else
+               flag(r["note"], "warn")),
+        Column("preset", lambda r: r["preset"]), Column("threads", lambda r: r["threads"]),
+        Column("batch", lambda r: r["batch_size"]), Column("epochs", lambda r: r["epochs"]),
+        Column("optimizer · lr", lambda r: None if r["optimizer"] is None and r["lr"] is None
+               else f"{r['optimizer']} · {r['lr']}"),
+        Column("runs", lambda r: num(fmt(r["runs"]))),
+        Column("train s", lambda r: ci_cell(r, "train_s", levels)),
+        Column("test s", lambda r: num(fmt(r["test_s_median"], 2))),
+        Column("accuracy", lambda r: ci_cell(r, "accuracy", levels, percent=True)),
+        Column("images/s", lambda r: ci_cell(r, "throughput", levels, digits=1)),
+    ]
+    return table_block("Each framework at its default settings (A1, Tables VI–VII)",
+                       "defaults-table", frame, columns, "default_cells.csv",
+                       row_class=lambda r: None if r["cell_id"] else "muted")
+
+
+def best_table(frame: pl.DataFrame) -> Html:
+    columns = [
+        Column("framework", lambda r: r["framework"]), Column("model", lambda r: r["model"]),
+        Column("dataset", lambda r: r["dataset"]), Column("device", lambda r: r["device"]),
+        Column("default", lambda r: tag("code", r["default_cell_id"]) if r["default_cell_id"]
+               else flag(r["default_note"], "warn")),
+        Column("best: what changes", lambda r: join(
+            (tag("code", c) for c in (r["changes"] or [])), " ") if r["changes"]
+            else ("the default itself" if r["best_cell_id"] else esc(None))),
+        Column("candidates", lambda r: num(fmt(r["candidates"]))),
+        Column("runs default / best", lambda r: num(f"{fmt(r['default_runs'])} / {fmt(r['best_runs'])}")),
+        Column("images/s default → best", lambda r: num(
+            f"{fmt(r['default_throughput'])} → {fmt(r['best_throughput'])}")),
+        Column("speedup", lambda r: ratio(r["speedup"])),
+        Column("train s default → best", lambda r: num(
+            f"{fmt(r['default_train_s'], 2)} → {fmt(r['best_train_s'], 2)}")),
+        Column("accuracy change", lambda r: change_pp(r["accuracy_change"])),
+        Column("verdict", _verdict()),
+        # best_vs_default has no accuracy_significant: its verdict words a direction only
+        # when the test found it significant.
+        Column("accuracy", lambda r: verdict_badge(
+            r["accuracy_verdict"], r["accuracy_verdict"] in ("more accurate", "less accurate"),
+            r["accuracy_p_value"])),
+    ]
+    return table_block("Best settings against the defaults", "best-table", frame, columns,
+                       "best_vs_default.csv",
+                       note="The best cell is the fastest (median images/s) whose median accuracy "
+                            "is at most 0.5 points below the default's. It counts as faster only "
+                            "when the Mann–Whitney test says so (p < 0.05); with few runs it "
+                            "cannot, and the verdict says 'not significant'.")
+
+
+# --- A4-A5: libraries ----------------------------------------------------------------------
+
+
+def library_table(frame: pl.DataFrame, labels: Mapping[Any, str],
+                  levels: Mapping[str, Mapping[str, Any]]) -> Html:
+    columns = [
+        Column("configuration", _label(labels, "config")),
+        Column("variant", lambda r: r["variant"]), Column("BLAS", lambda r: r["blas"]),
+        Column("oneDNN", lambda r: onoff(r["onednn"])),
+        Column("oneDNN primitives", lambda r: num(fmt(r["onednn_primitives"]))),
+        Column("runs", lambda r: num(fmt(r["runs"]))),
+        Column("train s", lambda r: ci_cell(r, "train_s", levels, noisy=True)),
+        Column("test s", lambda r: num(fmt(r["test_s_median"], 2))),
+        Column("accuracy", lambda r: num(fmt_pct(r["accuracy_median"], 2))),
+        Column("images/s", lambda r: ci_cell(r, "throughput", levels, digits=1, noisy=True)),
+        Column("CPU %", lambda r: num(fmt(r["cpu_total_median"], 0),
+                                      f"usr {fmt(r['cpu_user_median'], 0)} · sys "
+                                      f"{fmt(r['cpu_system_median'], 0)} · io {fmt(r['iowait_median'], 1)}")),
+        Column("memory MiB avg / max", lambda r: num(f"{fmt(r['rss_avg_mb'])} / {fmt(r['rss_peak_mb'])}")),
+        Column("speedup", lambda r: ratio(r["speedup"])),
+        Column("accuracy change", lambda r: change_pp(r["accuracy_change"])),
+        Column("verdict", _verdict()),
+    ]
+    return table_block("Libraries per configuration (A4–A5, Tables IX–XI)", "libraries-table",
+                       frame, columns, "library_comparison.csv", row_class=_reference_row,
+                       note="Compared with the framework's default library in the same "
+                            "configuration (variant cpu with oneDNN on): speedup = its train s ÷ "
+                            "this train s; the verdict tests the runs' throughput.")
+
+
+# --- A6: threads ---------------------------------------------------------------------------
+
+
+def thread_table(frame: pl.DataFrame, labels: Mapping[Any, str],
+                 levels: Mapping[str, Mapping[str, Any]]) -> Html:
+    columns = [
+        Column("configuration", _label(labels, "config")),
+        Column("threads", lambda r: join([str(r["threads"]), " ", flag("fastest", "ok")])
+               if r["fastest"] else str(r["threads"])),
+        Column("interop", lambda r: r["interop_threads"]),
+        Column("runs", lambda r: num(fmt(r["runs"]))),
+        Column("train s", lambda r: ci_cell(r, "train_s", levels, noisy=True)),
+        Column("images/s", lambda r: ci_cell(r, "throughput", levels, digits=1, noisy=True)),
+        Column("accuracy", lambda r: num(fmt_pct(r["accuracy_median"], 2))),
+        Column("CPU %", lambda r: num(fmt(r["cpu_total_median"], 0),
+                                      f"usr {fmt(r['cpu_user_median'], 0)} · sys "
+                                      f"{fmt(r['cpu_system_median'], 0)} · io {fmt(r['iowait_median'], 1)}")),
+        Column("memory MiB max", lambda r: num(fmt(r["rss_peak_mb"]))),
+        Column("speedup", lambda r: ratio(r["speedup"])),
+        Column("verdict", _verdict()),
+    ]
+    return table_block("Thread settings (A6, Table XII)", "threads-table", frame, columns,
+                       "thread_sweep.csv", row_class=_reference_row,
+                       note="Compared with the fewest threads given as a number. 'fastest' is the "
+                            "highest median throughput of the configuration, tested or not.")
+
+
+# --- A7: epochs ------------------------------------------------------------------------------
+
+
+def epoch_table(frame: pl.DataFrame, labels: Mapping[Any, str],
+                levels: Mapping[str, Mapping[str, Any]]) -> Html:
+    columns = [
+        Column("configuration", _label(labels, "config")),
+        Column("length", lambda r: f"{r['length']} {r['unit']}"),
+        Column("runs", lambda r: num(fmt(r["runs"]), f"{r['diverged_runs']} diverged"
+                                     if r["diverged_runs"] else None)),
+        Column("train s", lambda r: ci_cell(r, "train_s", levels, noisy=True)),
+        Column("s / epoch", lambda r: num(fmt(r["epoch_s_median"], 2))),
+        Column("test s", lambda r: num(fmt(r["test_s_median"], 2))),
+        Column("accuracy", lambda r: ci_cell(r, "accuracy", levels, percent=True)),
+        Column("time ratio ÷ length ratio", lambda r: num(
+            "–" if _missing(r["time_linearity"]) else f"{r['time_linearity']:.2f}",
+            None if _missing(r["time_ratio"]) else
+            f"×{r['time_ratio']:.2f} time for ×{r['length_ratio']:.2f} length")),
+        Column("accuracy change", lambda r: change_pp(r["accuracy_change"])),
+        Column("accuracy verdict", _verdict("accuracy_")),
+    ]
+    return table_block("Training length (A7, Tables XIII–XIV)", "epochs-table", frame, columns,
+                       "epoch_sweep.csv", row_class=_reference_row,
+                       note="Time linearity 1.00 means the training time grew exactly in "
+                            "proportion to the length, from the shortest length (the reference).")
+
+
+# --- A8 / B2 / B3 and A11 / B1: batch --------------------------------------------------------
+
+
+def batch_table(frame: pl.DataFrame, labels: Mapping[Any, str],
+                levels: Mapping[str, Mapping[str, Any]]) -> Html:
+    columns = [
+        Column("configuration", _label(labels, "config")),
+        Column("mode", lambda r: r["mode"]),
+        Column("batch", lambda r: num(fmt(r["batch_size"]))),
+        Column("runs", lambda r: num(fmt(r["runs"]), _not_ok(r))),
+        Column("train s", lambda r: ci_cell(r, "train_s", levels, noisy=True)),
+        Column("s / epoch", lambda r: num(fmt(r["epoch_s_median"], 2))),
+        Column("inference s", lambda r: num(fmt(r["inference_s_median"], 2))),
+        Column("images/s", lambda r: ci_cell(r, "throughput", levels, digits=1, noisy=True)),
+        Column("accuracy", lambda r: ci_cell(r, "accuracy", levels, percent=True)),
+        Column("speedup", lambda r: ratio(r["throughput_ratio"])),
+        Column("verdict", _verdict()),
+        Column("accuracy verdict", lambda r: verdict_badge(
+            r["accuracy_verdict"], r["accuracy_significant"], r["accuracy_p_value"])),
+    ]
+    return table_block("Batch size: speed, time and accuracy (A8, Tables XV–XVIII; B2–B3)",
+                       "batch-table", frame, columns, "batch_sweep.csv",
+                       row_class=lambda r: "oom" if not r["runs"] else _reference_row(r),
+                       note="Compared with the smallest batch size; speedup here is the "
+                            "throughput ratio.")
+
+
+def _not_ok(r: Mapping[str, Any]) -> str | None:
+    parts = [f"{r[k]} {w}" for k, w in (("oom_runs", "out of memory"), ("failed_runs", "failed"),
+                                        ("timeout_runs", "timed out")) if r.get(k)]
+    return ", ".join(parts) or None
+
+
+def batch_resources_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
+    columns = [
+        Column("configuration", _label(labels, "config")),
+        Column("mode", lambda r: r["mode"]),
+        Column("batch", lambda r: num(fmt(r["batch_size"]))),
+        Column("runs", lambda r: num(fmt(r["runs"]), _not_ok(r))),
+        Column("CPU %", lambda r: num(fmt(r["cpu_total_median"], 0),
+                                      f"usr {fmt(r['cpu_user_median'], 0)} · sys "
+                                      f"{fmt(r['cpu_system_median'], 0)} · io {fmt(r['iowait_median'], 1)}")),
+        Column("memory MiB avg / max", lambda r: num(f"{fmt(r['rss_avg_mb'])} / {fmt(r['rss_peak_mb'])}")),
+        Column("device MiB max", lambda r: num(fmt(r["device_memory_peak_mb"]))),
+        Column("memory limit MiB", lambda r: num(fmt(r["memory_limit_mb"], 0))),
+        Column("images/s", lambda r: num(fmt(r["throughput_median"]))),
+    ]
+    return table_block("Resources against the batch size (A11, Table XXII; B1)", "batch-resources-table",
+                       frame, columns, "batch_resources.csv",
+                       row_class=lambda r: "oom" if r["oom_runs"] and not r["runs"] else None,
+                       note="Memory is MiB (2^20 bytes); iowait rising with the batch is the "
+                            "sign of swapping.")
+
+
+# --- A9-A10: batch x lr ----------------------------------------------------------------------
+
+
+def lr_grid_table(frame: pl.DataFrame, labels: Mapping[Any, str],
+                  levels: Mapping[str, Mapping[str, Any]]) -> Html:
+    columns = [
+        Column("configuration", _label(labels, "config")),
+        Column("batch", lambda r: num(fmt(r["batch_size"]))),
+        Column("epochs", lambda r: num(fmt(r["epochs"]))),
+        Column("iterations", lambda r: num(fmt(r["iterations"]))),
+        Column("lr", lambda r: num("–" if r["lr"] is None else f"{r['lr']:g}")),
+        Column("runs", lambda r: num(fmt(r["runs"]), f"{r['failed_runs']} failed" if r["failed_runs"] else None)),
+        Column("accuracy", lambda r: join([
+            ci_cell(r, "accuracy", levels, percent=True),
+            flag("diverged (NaN)", "bad", f"{r['diverged_runs']} run(s) diverged") if r["diverged"] else "",
+            flag("best", "ok") if r["best_accuracy"] else ""])),
+        Column("train s", lambda r: num(fmt(r["train_s_median"], 2))),
+        Column("s / epoch", lambda r: num(fmt(r["epoch_s_median"], 2))),
+        Column("images/s", lambda r: num(fmt(r["throughput_median"]))),
+    ]
+    return table_block("Batch size × length × learning rate (A9–A10, Tables XIX–XXI)", "lr-grid-table",
+                       frame, columns, "batch_lr_grid.csv",
+                       row_class=lambda r: "failed" if r["diverged"] else None,
+                       note="'best' is the highest median accuracy of the configuration among "
+                            "cells without divergence (medians only, not a test).")
+
+
+# --- scaling ----------------------------------------------------------------------------------
+
+
+def scaling_table(frame: pl.DataFrame, labels: Mapping[Any, str],
+                  levels: Mapping[str, Mapping[str, Any]]) -> Html:
+    columns = [
+        Column("configuration", _label(labels, "config")),
+        Column("workers", lambda r: num(fmt(r["workers"]))),
+        Column("gpus · nodes", lambda r: f"{fmt(r['gpus'])} · {fmt(r['nodes'])}"),
+        Column("batch (per worker)", lambda r: num(fmt(r["batch_size"]), f"{fmt(r['per_worker_batch'])} per worker")),
+        Column("runs", lambda r: num(fmt(r["runs"]), _not_ok(r))),
+        Column("images/s", lambda r: ci_cell(r, "throughput", levels, digits=1, noisy=True)),
+        Column("train s", lambda r: ci_cell(r, "train_s", levels)),
+        Column("scaling", lambda r: r["scaling"]),
+        Column("speedup", lambda r: ratio(r["speedup"])),
+        Column("efficiency", lambda r: num(fmt_pct(r["efficiency"], 0))),
+        Column("verdict", _verdict()),
+    ]
+    return table_block("Scaling (A3, Table VIII; B4–B6; E Fig 10)", "scaling-table", frame, columns,
+                       "worker_scaling.csv", row_class=_reference_row,
+                       note="Speedup = throughput ÷ the 1-worker cell's (same per-worker batch: "
+                            "weak scaling, else same global batch: strong); efficiency = speedup "
+                            "÷ workers, 100 % is linear.")
+
+
+# --- convergence -----------------------------------------------------------------------------
+
+
+def convergence_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
+    columns = [
+        Column("cell", _label(labels, "cell_id")),
+        Column("epoch", lambda r: num(fmt(r["epoch"] + 1))),
+        Column("runs", lambda r: num(fmt(r["runs"]))),
+        Column("test accuracy", lambda r: num(
+            fmt_pct(r["test_accuracy_median"], 2),
+            interval_text(r["test_accuracy_ci_low"], r["test_accuracy_ci_high"],
+                          r["test_accuracy_ci_level"], r["runs"], 2, True))),
+        Column("mean ± sd", lambda r: num(f"{fmt_pct(r['test_accuracy_mean'], 2)} ± "
+                                          f"{fmt_pct(r['test_accuracy_sd'], 2)}")),
+        Column("train accuracy", lambda r: num(fmt_pct(r["train_accuracy_mean"], 2))),
+        Column("train loss", lambda r: num(fmt(r["train_loss_mean"], 3))),
+        Column("s / epoch", lambda r: num(fmt(r["epoch_s_median"], 2), interval_text(
+            r["epoch_s_ci_low"], r["epoch_s_ci_high"], None, r["runs"], 2)
+            if not _missing(r["epoch_s_ci_low"]) else None)),
+        Column("elapsed s", lambda r: num(fmt(r["elapsed_s"], 1))),
+    ]
+    return table_block("Per cell and epoch (B7)", "convergence-table", frame, columns,
+                       "epoch_convergence.csv")
+
+
+# --- layers ---------------------------------------------------------------------------------
+
+
+def layer_kinds_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
+    columns = [
+        Column("cell", lambda r: labels.get(r["cell_id"], r["cell_id"])),
+        Column("kind", lambda r: r["kind"]), Column("layers", lambda r: num(fmt(r["layers"]))),
+        Column("forward ms", lambda r: num(fmt(_ms(r["forward_s"]), 3))),
+        Column("backward ms", lambda r: num(fmt(_ms(r["backward_s"]), 3))),
+        Column("share", lambda r: num(fmt_pct(r["share"]))),
+        Column("backward ÷ forward", lambda r: num(fmt(r["backward_ratio"], 2))),
+        Column("params", lambda r: num(fmt(r["params"]))),
+        Column("FLOPs / sample", lambda r: num(fmt(r["flops"]))),
+    ]
+    return table_block("Time by kind of layer (D Figs 6–7; E Fig 7)", "layer-kinds-table", frame,
+                       columns, "layer_kinds.csv")
+
+
+def layer_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
+    columns = [
+        Column("cell", lambda r: labels.get(r["cell_id"], r["cell_id"])),
+        Column("#", lambda r: num(fmt(r["layer_index"]))), Column("layer", lambda r: r["name"]),
+        Column("kind", lambda r: r["kind"]), Column("runs", lambda r: num(fmt(r["runs"]))),
+        Column("forward ms", lambda r: num(fmt(_ms(r["forward_s_median"]), 3))),
+        Column("backward ms", lambda r: num(fmt(_ms(r["backward_s_median"]), 3))),
+        Column("share", lambda r: num(fmt_pct(r["share"]))),
+        Column("params", lambda r: num(fmt(r["params"]))),
+        Column("FLOPs / sample", lambda r: num(fmt(r["flops"]))),
+    ]
+    return table_block("Every layer", "layers-table", frame, columns, "layer_breakdown.csv")
+
+
+def _ms(seconds: Any) -> Any:
+    return None if _missing(seconds) else seconds * 1000
+
+
+# --- options ---------------------------------------------------------------------------------
+
+
+def option_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
+    columns = [
+        Column("option", lambda r: r["option"]),
+        Column("default → value", lambda r: f"{r['ref_value']} → {r['value']}"),
+        Column("configuration", _label(labels, "config")),
+        Column("runs", lambda r: num(f"{fmt(r['runs'])} vs {fmt(r['ref_runs'])}")),
+        Column("images/s", lambda r: num(f"{fmt(r['ref_throughput_median'])} → {fmt(r['throughput_median'])}")),
+        Column("throughput ratio", lambda r: ratio(r["throughput_ratio"])),
+        Column("train s", lambda r: num(f"{fmt(r['ref_train_s_median'], 2)} → {fmt(r['train_s_median'], 2)}")),
+        Column("accuracy change", lambda r: change_pp(r["accuracy_change"])),
+        Column("verdict", _verdict()),
+        Column("accuracy verdict", lambda r: verdict_badge(
+            r["accuracy_verdict"], r["accuracy_significant"], r["accuracy_p_value"])),
+    ]
+    return table_block("Options, everything else equal (E; D Fig 3)", "options-table", frame,
+                       columns, "option_effect.csv")
+
+
+# --- Pareto ----------------------------------------------------------------------------------
+
+
+def pareto_table(frame: pl.DataFrame, labels: Mapping[Any, str],
+                 levels: Mapping[str, Mapping[str, Any]]) -> Html:
+    columns = [
+        Column("model · dataset · device", lambda r: f"{r['model']} · {r['dataset']} · {r['device']}"),
+        Column("cell", _label(labels, "cell_id")),
+        Column("runs", lambda r: num(fmt(r["runs"]))),
+        Column("train s", lambda r: ci_cell(r, "train_s", levels)),
+        Column("accuracy", lambda r: ci_cell(r, "accuracy", levels, percent=True)),
+        Column("front", lambda r: flag("on the front", "ok") if r["on_front"]
+               else flag(f"dominated by {r['dominated_by']}", "muted")),
+        Column("framework front", lambda r: "yes" if r["on_framework_front"] else "no"),
+    ]
+    return table_block("Training cells by time and accuracy", "pareto-table", frame, columns,
+                       "pareto_front.csv",
+                       row_class=lambda r: "front" if r["on_front"] else None,
+                       note="Dominance by medians only: cells whose intervals overlap may swap "
+                            "places with more repeats.")

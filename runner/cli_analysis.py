@@ -1,0 +1,155 @@
+"""``matrun compare`` and ``matrun advise``: reading conclusions out of the warehouse.
+
+Registered by ``runner/cli.py`` (``app.command("compare")(_errors(compare))``); each command
+is a thin wrapper over ``warehouse/compare.py`` and ``warehouse/advise.py`` (docs/CLI.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from matrun.errors import InputError
+
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+WarehouseOpt = Annotated[Optional[Path], typer.Option(
+    "--warehouse", help="DuckDB file (default: the one matrix.toml names, else ./matrun.duckdb).")]
+
+
+def _warehouse(explicit: Path | None) -> Path:
+    from matrun.runner.cli import _warehouse as resolve  # looked up late: cli.py imports this module
+
+    return resolve(explicit)
+
+
+def _check_format(fmt: str, allowed: tuple[str, ...]) -> None:
+    if fmt not in allowed:
+        raise InputError(f"--format {fmt!r}: expected {', '.join(allowed[:-1])} or {allowed[-1]}")
+
+
+def compare(
+    a: Annotated[str, typer.Argument(help="Runs A, the reference: a sweep (NAME or sweep:NAME) or "
+                                          "sql:SELECT run_id FROM run_overview WHERE ….")],
+    b: Annotated[str, typer.Argument(help="Runs B, compared with A: the same forms.")],
+    warehouse: WarehouseOpt = None,
+    ignore: Annotated[list[str], typer.Option(
+        "--ignore", help="A parameter left out of the match because A and B differ in it on purpose, "
+        "e.g. onednn or variant (repeatable).")] = [],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
+    html: Annotated[Optional[Path], typer.Option(
+        "--html", help="Also write the comparison as a self-contained HTML page to this file.")] = None,
+) -> None:
+    """Compare two sets of runs (two sweeps, or two SQL selections) cell by matched cell."""
+    from matrun.warehouse import compare as cmp
+
+    _check_format(fmt, ("table", "csv", "json"))
+    if html is not None and html.is_dir():
+        raise InputError(f"--html {html}: is a directory; give a file name")
+    result = cmp.compare(a, b, warehouse=_warehouse(warehouse), ignore=ignore)
+    if html is not None:
+        cmp.write_html(result, html)
+    if fmt == "csv":
+        sys.stdout.write(cmp.to_csv(result))
+        typer.echo(result.summary(), err=True)
+    elif fmt == "json":
+        sys.stdout.write(cmp.to_json(result))
+    else:
+        _compare_tables(result)
+        typer.echo(result.summary())
+    if html is not None:
+        typer.echo(f"html: {html.resolve()}", err=True)
+
+
+def _compare_tables(result: Any) -> None:
+    from matrun.warehouse.compare import fmt_noisy, fmt_num, fmt_p, fmt_points, fmt_ratio
+
+    typer.echo(f"A: {result.a.describe()} ({len(result.a.run_ids)} runs)")
+    typer.echo(f"B: {result.b.describe()} ({len(result.b.run_ids)} runs)")
+    if result.ignored:
+        typer.echo(f"matched on every identity parameter except {', '.join(result.ignored)}")
+    if result.matched:
+        table = Table(title="matched cells (B against A)")
+        for col in ("cell", "runs A/B", "train s A", "train s B", "time B/A", "img/s A", "img/s B",
+                    "img/s B/A", "acc Δ pts", "p", "test", "verdict", "noisy"):
+            table.add_column(col, overflow="fold", no_wrap=col in ("test", "verdict"))
+        for c in result.matched:
+            table.add_row(c["label"], f"{c['a_runs']}/{c['b_runs']}", fmt_num(c["a_train_s"], 2),
+                          fmt_num(c["b_train_s"], 2), fmt_ratio(c["time_ratio"]),
+                          fmt_num(c["a_throughput"]), fmt_num(c["b_throughput"]),
+                          fmt_ratio(c["throughput_ratio"]), fmt_points(c["accuracy_change"]),
+                          fmt_p(c["p_value"]), c["test"] or "-", c["verdict"] or "not compared",
+                          fmt_noisy(c))
+        out.print(table)
+        pooled = [c["label"] for c in result.matched if len(c["a_cells"]) > 1 or len(c["b_cells"]) > 1]
+        if pooled:
+            typer.echo(f"note: {len(pooled)} matched {'cell pools' if len(pooled) == 1 else 'cells pool'} "
+                       f"the runs of several cells of one side ({', '.join(pooled)}): ignore fewer "
+                       "parameters or narrow the selection to compare one cell with one")
+        envs = sorted({(" ".join(c["a_envs"]), " ".join(c["b_envs"])) for c in result.matched})
+        for env_a, env_b in envs:
+            if env_a != env_b:
+                typer.echo(f"environment: A {env_a} → B {env_b}")
+    else:
+        typer.echo("no cell of A matches a cell of B")
+    for side, cells in (("A", result.only_a), ("B", result.only_b)):
+        if cells:
+            table = Table(title=f"only in {side} (not matched)")
+            for col in ("cell", "cell ids", "ok runs", "img/s"):
+                table.add_column(col, overflow="fold")
+            s = side.lower()
+            for c in cells:
+                table.add_row(c["label"], " ".join(c[f"{s}_cells"]), str(c[f"{s}_runs"]),
+                              fmt_num(c[f"{s}_throughput"]))
+            out.print(table)
+
+
+def advise(
+    warehouse: WarehouseOpt = None,
+    sweep: Annotated[Optional[str], typer.Option(
+        "--sweep", help="Only the workloads (framework, model, dataset, device) this sweep ran.")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="text, csv or json.")] = "text",
+) -> None:
+    """Per framework and workload: the best configuration found and its gain over the defaults."""
+    from matrun.warehouse import advise as adv
+    from matrun.warehouse.compare import fmt_num, fmt_p, fmt_points, fmt_ratio
+
+    _check_format(fmt, ("text", "csv", "json"))
+    rows = adv.advise(warehouse=_warehouse(warehouse), sweep=sweep)
+    if fmt == "csv":
+        sys.stdout.write(adv.to_csv(rows))
+        return
+    if fmt == "json":
+        sys.stdout.write(adv.to_json(rows))
+        return
+    if not rows:
+        typer.echo("no training cell with ok runs: nothing to advise")
+        return
+    for row in rows:
+        out.print(row["advice"], markup=False, highlight=False, soft_wrap=True)
+        out.print()
+    table = Table(title="best configuration against the default settings (throughput, img/s)")
+    for col in ("framework", "workload", "default cell", "best cell", "changes", "runs D/B",
+                "default", "best", "speedup", "acc Δ pts", "p", "test", "verdict"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        if r["default_cell_id"] is None:  # no default: show the fastest cell found, and no gain
+            default = "ambiguous" if (r["default_note"] or "").startswith("ambiguous") else "none"
+            best, changes = (f"{r['fastest_cell_id']} (fastest)" if r["fastest_cell_id"] else "-",
+                             r["fastest_changes"])
+            runs, best_thr = f"0/{r['fastest_runs'] or 0}", r["fastest_throughput"]
+        else:
+            default, best, changes = r["default_cell_id"], r["best_cell_id"] or "-", r["changes"]
+            runs, best_thr = f"{r['default_runs'] or 0}/{r['best_runs'] or 0}", r["best_throughput"]
+        table.add_row(adv.framework_name(r["framework"]), f"{r['model']} {r['dataset']} {r['device']}",
+                      default, best, ", ".join(changes or []) or "-", runs,
+                      fmt_num(r["default_throughput"]), fmt_num(best_thr),
+                      fmt_ratio(r["speedup"]), fmt_points(r["accuracy_change"]), fmt_p(r["p_value"]),
+                      r["test"] or "-", r["verdict"] or "no default")
+    out.print(table)
