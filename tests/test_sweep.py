@@ -65,12 +65,15 @@ class _Tables(HTMLParser):
         super().__init__()
         self.tags: list[str] = []
         self.scripts: list[str] = []
+        self.links: list[str] = []
         self.text: list[str] = []
 
     def handle_starttag(self, tag, attrs):
         self.tags.append(tag)
         if tag == "script":
             self.scripts.append(dict(attrs).get("src") or "")
+        if tag == "a":
+            self.links.append(dict(attrs).get("href") or "")
 
     def handle_data(self, data):
         self.text.append(data)
@@ -118,8 +121,11 @@ def test_sweep_ingest_query_report_and_skip_done(tmp_path, torch_env):
     assert index == (tmp_path / "site" / "index.html").resolve()
     parser = _Tables()
     parser.feed(index.read_text(encoding="utf-8"))
-    assert "table" in parser.tags
-    assert "assets/plotly.min.js" in parser.scripts
+    assert "baseline.html" in "".join(parser.links)  # the index links every page present
+    baseline = _Tables()
+    baseline.feed((tmp_path / "site" / "baseline.html").read_text(encoding="utf-8"))
+    assert "table" in baseline.tags
+    assert "assets/plotly.min.js" in baseline.scripts
     assert (tmp_path / "site" / "assets" / "plotly.min.js").stat().st_size > 1_000_000
 
 
