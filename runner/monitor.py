@@ -34,6 +34,22 @@ class _Totals:
     rss: float = 0.0
     rss_peak: int = 0
 
+    def aggregates(self, interval_s: float) -> dict[str, Any]:
+        """The aggregates that go into result.json (None for each average without samples)."""
+        n = self.samples
+        avg = (lambda x: x / n) if n else (lambda x: None)
+        user, system = avg(self.cpu_user), avg(self.cpu_system)
+        return {
+            "interval_s": interval_s,
+            "samples": n,
+            "cpu_user_avg": user,
+            "cpu_system_avg": system,
+            "cpu_total_avg": (user + system) if n else None,
+            "iowait_avg": avg(self.iowait),
+            "rss_avg_bytes": avg(self.rss),
+            "rss_peak_bytes": self.rss_peak if n else None,
+        }
+
 
 @dataclass
 class Monitor:
@@ -58,20 +74,7 @@ class Monitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        t = self._totals
-        n = t.samples
-        avg = (lambda x: x / n) if n else (lambda x: None)
-        user, system = avg(t.cpu_user), avg(t.cpu_system)
-        return {
-            "interval_s": self.interval_s,
-            "samples": n,
-            "cpu_user_avg": user,
-            "cpu_system_avg": system,
-            "cpu_total_avg": (user + system) if n else None,
-            "iowait_avg": avg(t.iowait),
-            "rss_avg_bytes": avg(t.rss),
-            "rss_peak_bytes": t.rss_peak if n else None,
-        }
+        return self._totals.aggregates(self.interval_s)
 
     def _run(self) -> None:
         with open(self.path, "w", encoding="utf-8") as out:

@@ -171,19 +171,9 @@ class CgroupMonitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        t = self._totals
-        n = t.samples
-        avg = (lambda x: x / n) if n else (lambda x: None)
-        user, system = avg(t.cpu_user), avg(t.cpu_system)
+        n = self._totals.samples
         return {
-            "interval_s": self.interval_s,
-            "samples": n,
-            "cpu_user_avg": user,
-            "cpu_system_avg": system,
-            "cpu_total_avg": (user + system) if n else None,
-            "iowait_avg": avg(t.iowait),
-            "rss_avg_bytes": avg(t.rss),
-            "rss_peak_bytes": t.rss_peak if n else None,
+            **self._totals.aggregates(self.interval_s),
             "cgroup_memory_peak_bytes": self._cgroup_peak if self._cgroup_peak is not None
             else (self._usage_peak if n else None),
             "source": f"cgroup v{self.cgroup.version}" if self.cgroup else "cgroup (not found)",

@@ -14,10 +14,10 @@ import time
 import uuid
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from matrun.runner.build import recipe_hash
+from test_sweep import sql
 
 MATRUN = [str(Path(sys.executable).with_name("matrun"))]
 TINY = """
@@ -39,14 +39,6 @@ def matrun(*args: str, cwd: Path, check: bool = True, env: dict | None = None) -
     if check and proc.returncode != 0:
         raise AssertionError(f"matrun {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
-
-
-def sql(db: Path, query: str) -> list[tuple]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(query).fetchall()
-    finally:
-        con.close()
 
 
 def write_matrix(tmp_path: Path, body: str, name: str | None = None) -> str:
