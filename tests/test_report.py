@@ -801,15 +801,22 @@ def test_publish_refuses_a_directory_that_is_not_a_report(warehouse: Path, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "file", "www"]
 
 
-def test_publish_fails_rather_than_leak_a_local_path() -> None:
+def test_publish_fails_rather_than_leak_a_local_path(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(PublishLeak) as info:
         check_no_local_paths({"index.html": "ok", "runs.csv": "x,/srv/results/a/0-1,y"},
                              ["/srv/results"])
     assert str(info.value) == ("refusing to publish: runs.csv would contain the local path "
                                "/srv/results; nothing was written")
+    # The current and home directories are in the list too, wherever the tests run from.
+    cwd, home = tmp_path / "cwd", tmp_path / "home"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("HOME", str(home))
     assert local_paths(warehouse=Path("/srv/w/m.duckdb"), out_dir=Path("/tmp/x"),
-                       bundles=["/srv/w/results/s/c/0-1", "/srv/w/results/s/d/0-1"])[:4] == [
-        "/srv/w", "/srv/w/m.duckdb", "/srv/w/results/s", "/srv/w/results/s/c/0-1"]
+                       bundles=["/srv/w/results/s/c/0-1", "/srv/w/results/s/d/0-1"]) == sorted([
+        "/srv/w", "/srv/w/m.duckdb", "/srv/w/results/s", "/srv/w/results/s/c/0-1",
+        "/srv/w/results/s/d/0-1", "/tmp/x", str(cwd), str(home)])  # /tmp: too common
 
 
 def test_cli_report_publish(warehouse: Path, tmp_path: Path,
