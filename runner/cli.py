@@ -102,8 +102,19 @@ def sweep(
     matrix: MatrixArg = Path("matrix.toml"),
     where: WhereOpt = [],
     force: Annotated[bool, typer.Option("--force", help="Run again even the cells that already have an ok run.")] = False,
-    executor: Annotated[Optional[str], typer.Option(help="auto, local or docker (default: the matrix's [sweep] executor; "
-        "auto: docker when a Docker engine answers, else local).")] = None,
+    executor: Annotated[Optional[str], typer.Option(help="auto, local, docker or slurm (default: the matrix's [sweep] "
+        "executor; auto: docker when a Docker engine answers, else local).")] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Slurm: submit and return; a later `matrun sweep` "
+        "or `matrun ingest` picks the results up, `matrun cancel` stops the jobs.")] = False,
+    partition: Annotated[Optional[str], typer.Option(help="Slurm partition (overrides \\[slurm] partition).")] = None,
+    account: Annotated[Optional[str], typer.Option(help="Slurm account (overrides \\[slurm] account).")] = None,
+    qos: Annotated[Optional[str], typer.Option(help="Slurm QOS (overrides \\[slurm] qos).")] = None,
+    throttle: Annotated[Optional[int], typer.Option(help="Slurm: at most this many tasks of a job array at once "
+        "(0: no limit; overrides \\[slurm] throttle).")] = None,
+    exclusive: Annotated[Optional[bool], typer.Option("--exclusive/--no-exclusive", help="Slurm: whether each task "
+        "has its node to itself (default: \\[slurm] exclusive, true).")] = None,
+    sbatch_arg: Annotated[list[str], typer.Option("--sbatch-arg", help="Slurm: one more sbatch flag, --name=value, "
+        "from the allowed set (repeatable; replaces \\[slurm] sbatch_args).")] = [],
 ) -> None:
     """Run every cell that has no successful run yet, ingest each run as it ends."""
     from matrun.runner.sweep import run_sweep
@@ -131,10 +142,22 @@ def sweep(
             line = f"{o.status:>9}  {event.cell.cell_id}  repeat {event.repeat}  {o.wall_seconds:7.1f}s  {event.cell.cell.label}"
             progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
+    slurm = {"partition": partition, "account": account, "qos": qos, "throttle": throttle,
+             "exclusive": exclusive, "sbatch_args": sbatch_arg or None}
     try:
-        summary = run_sweep(matrix_path=matrix, where=where, force=force, executor=executor, on_event=on_event)
+        summary = run_sweep(matrix_path=matrix, where=where, force=force, executor=executor, on_event=on_event,
+                            detach=detach, slurm=slurm)
     finally:
         progress.stop()
+    for line in summary.warnings:
+        typer.echo(f"warning: {line}", err=True)
+    if summary.detached:
+        jobs = f" as Slurm job {', '.join(summary.job_ids)}" if summary.job_ids else ""
+        waiting = f"; {summary.in_flight} already queued or running" if summary.in_flight else ""
+        typer.echo(f"sweep {summary.sweep}: submitted {summary.submitted} runs{jobs}{waiting}; "
+                   f"{summary.skipped_done} already done. `matrun status` shows progress, `matrun sweep` or "
+                   f"`matrun ingest` picks the results up, `matrun cancel` stops the jobs")
+        return
     counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.by_status.items())) or "nothing to run"
     typer.echo(f"sweep {summary.sweep}: {summary.ran} runs ({counts}); {summary.skipped_done} already done")
     for line in summary.not_ingested:
@@ -153,14 +176,51 @@ def status(matrix: MatrixArg = Path("matrix.toml")) -> None:
     """Show, per cell of the matrix, how many repeats are done and how the last run ended."""
     from matrun.runner.overview import status_rows
 
+    from matrun.runner.executors.slurm import cell_progress
+    from matrun.runner.matrix import load_matrix
+
     rows, counts = status_rows(matrix_path=matrix)
+    m = load_matrix(matrix)
+    progress = cell_progress(m.sweep.results / m.sweep.name)  # None: no Slurm submissions
     table = Table(title=f"{matrix}: sweep {counts['sweep']}")
-    for col in ("cell", "label", "ok repeats", "last status", "attempts"):
+    slurm_cols = ("queued", "running", "done", "failed") if progress else ()
+    for col in ("cell", "label", "ok repeats", "last status", "attempts", *slurm_cols):
         table.add_column(col)
+    totals = dict.fromkeys(slurm_cols, 0)
     for r in rows:
-        table.add_row(r["cell_id"], r["label"], f"{r['ok']}/{counts['repeats']}", r["last_status"], str(r["attempts"]))
+        extra = []
+        if progress:
+            cell = progress[0].get(r["cell_id"], {})
+            extra = [str(cell.get(c, 0)) for c in slurm_cols]
+            for c in slurm_cols:
+                totals[c] += cell.get(c, 0)
+        table.add_row(r["cell_id"], r["label"], f"{r['ok']}/{counts['repeats']}", r["last_status"],
+                      str(r["attempts"]), *extra)
     out.print(table)
     typer.echo(", ".join(f"{k}: {v}" for k, v in counts.items() if k not in ("sweep",)))
+    if progress:
+        typer.echo("Slurm tasks: " + ", ".join(f"{k}: {v}" for k, v in totals.items()))
+        for note in progress[1]:
+            typer.echo(f"note: {note}", err=True)
+
+
+@app.command()
+@_errors
+def cancel(
+    matrix: MatrixArg = Path("matrix.toml"),
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the tasks to stop their containers.")] = 180.0,
+) -> None:
+    """Cancel the sweep's Slurm jobs (scancel); record and ingest the runs they stopped."""
+    from matrun.runner.sweep import cancel_sweep
+
+    result = cancel_sweep(matrix_path=matrix, wait_s=wait, on_message=lambda text: typer.echo(text, err=True))
+    if not result["job_ids"]:
+        typer.echo(f"sweep {result['sweep']}: no queued or running Slurm job; nothing to cancel")
+        return
+    typer.echo(f"sweep {result['sweep']}: cancelled Slurm job {', '.join(result['job_ids'])}; "
+               f"{result['recorded']} run(s) recorded as cancelled; {result['left']} task(s) still ending")
+    if not result["ended"] or result["left"]:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -173,9 +233,16 @@ def ingest(
     """Load result bundles from disk into the warehouse (idempotent)."""
     from matrun.warehouse.ingest import ingest as do_ingest
 
+    from matrun.runner.executors.slurm import reconcile
+
     for p in paths:
         if not p.exists():
             raise InputError(f"{p}: no such file or directory")
+    written, notes = reconcile(paths)  # runs Slurm ended without a result.json get one from Slurm's state
+    if written:
+        typer.echo(f"recorded {written} run(s) Slurm ended from Slurm's state", err=True)
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
     report = do_ingest(paths, warehouse=_warehouse(warehouse), wait_s=wait)
     typer.echo(report.summary())
     for path, reason in report.skipped:
@@ -274,6 +341,11 @@ app.command("advise")(_errors(_advise))
 for _command in engine_app.registered_commands:
     _command.callback = _errors(_command.callback)
 app.add_typer(engine_app, name="engine")
+from matrun.runner.cli_slurm import slurm_app  # noqa: E402
+
+for _command in slurm_app.registered_commands:
+    _command.callback = _errors(_command.callback)
+app.add_typer(slurm_app, name="slurm")
 
 
 def main() -> None:

@@ -21,9 +21,10 @@ from matrun.runner.frameworks import get_framework
 from matrun.runner.harness.models import MODELS as MODEL_ZOO
 from matrun.runner.params import PARAMS, ParamError, show
 from matrun.runner.presets import apply_preset
+from matrun.runner.slurm import SlurmSettings, parse_slurm_section
 
-SECTIONS = ("sweep", "fixed", "axes", "zip", "include", "exclude")
-EXECUTORS = ("auto", "local", "docker")
+SECTIONS = ("sweep", "fixed", "axes", "zip", "include", "exclude", "slurm")
+EXECUTORS = ("auto", "local", "docker", "slurm")
 DEFAULT_MAX_CELLS = 10_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SEQUENTIAL = tuple(name for name, layers in MODEL_ZOO.items() if all(layer[0] != "block" for layer in layers))
@@ -68,6 +69,7 @@ class Matrix:
     path: Path
     sweep: SweepSettings
     cells: tuple[CellParams, ...] = field(default_factory=tuple)
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)  # [slurm]: how the slurm executor submits
 
 
 class _Errors:
@@ -110,6 +112,7 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:
     zips = _parse_zips(doc.get("zip", []), errors)
     includes = _parse_rows(doc.get("include", []), "include", errors, lists=False)
     excludes = _parse_rows(doc.get("exclude", []), "exclude", errors, lists=True)
+    slurm = parse_slurm_section(doc.get("slurm", {}), errors.add)
     _check_overlaps(fixed, axes, zips, errors)
     errors.raise_if_any()
 
@@ -155,7 +158,7 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:
 
     varying = tuple(k for k in PARAMS if len({_plain(r[k]) for r in resolved}) > 1)
     cells = tuple(CellParams(MappingProxyType(r), varying) for r in resolved)
-    return Matrix(path=path, sweep=sweep, cells=cells)
+    return Matrix(path=path, sweep=sweep, cells=cells, slurm=slurm)
 
 
 def canonical(values: dict[str, Any]) -> dict[str, Any]:
@@ -176,6 +179,7 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
         out["gpus"] = None
         if out["conv_algo"] == "autotune":
             raise ParamError("conv_algo = \"autotune\" needs device = \"gpu\" (it selects cuDNN convolution algorithms)")
+    _canonical_workers(out)
     if out["layer_profile"] and out["model"] not in SEQUENTIAL:
         raise ParamError(f"layer_profile needs a sequential network ({', '.join(SEQUENTIAL)}), "
                          f"not {out['model']}")
@@ -192,6 +196,36 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
     if out["warmup_steps"] >= _steps_upper_bound(out):
         raise ParamError(f"warmup_steps = {out['warmup_steps']} leaves no timed steps")
     return out
+
+
+def _canonical_workers(out: dict[str, Any]) -> None:
+    """``workers``, ``nodes``, ``scaling``, ``kvstore``: refuse what cannot run, null what is unused.
+
+    ``scaling`` is kept as written even for one worker (where it changes nothing), so that the
+    1-worker cell of a scaling study pairs with its N-worker cells in the views."""
+    world = out["workers"] * out["nodes"]
+    if out["framework"] != "mxnet":
+        if out["kvstore"] != "device":
+            raise ParamError(f"kvstore is MXNet's parameter-server choice; {out['framework']} exchanges "
+                             "gradients synchronously (all-reduce): leave kvstore out")
+        out["kvstore"] = None
+    elif world > 1 and out["kvstore"] == "device":
+        raise ParamError(f"an MXNet cell with {world} workers needs kvstore = \"dist_sync\" or "
+                         "\"dist_async\" (a parameter server); \"device\" is one process")
+    multi = world > 1 or out["kvstore"] in ("dist_sync", "dist_async")
+    if multi and out["mode"] != "train":
+        raise ParamError("a multi-worker cell trains: mode = \"inference\" runs in one process")
+    if multi and out["layer_profile"]:
+        raise ParamError("layer_profile times the layers of one process: use workers = 1")
+    if out["scaling"] == "strong" and out["batch_size"] % world:
+        raise ParamError(f"scaling = \"strong\" splits batch_size = {out['batch_size']} across {world} "
+                         "workers: it must be a multiple of workers × nodes")
+    if out["device"] == "gpu" and out["workers"] > 1:
+        if out["gpus"] == 1:
+            out["gpus"] = out["workers"]  # one GPU per worker
+        elif out["gpus"] != out["workers"]:
+            raise ParamError(f"a gpu cell with workers = {out['workers']} runs one worker per GPU: "
+                             f"gpus must be {out['workers']} (or left out), not {out['gpus']}")
 
 
 def _steps_upper_bound(v: Mapping[str, Any]) -> float:

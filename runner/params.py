@@ -16,6 +16,7 @@ from matrun.runner.frameworks import frameworks
 from matrun.runner.harness import (  # noqa: F401  (re-exported for the host)
     CONV_ALGOS, DEVICES, LAYOUTS, MODES, OPTIMIZERS, PRECISIONS, PRESETS, UNSET,
 )
+from matrun.runner.harness.distributed import KVSTORES, SCALINGS
 from matrun.runner.harness.models import MODELS as MODEL_ZOO
 
 FRAMEWORKS = tuple(frameworks())
@@ -23,6 +24,8 @@ MODELS = tuple(MODEL_ZOO)
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic")
 
 MAX_THREADS = 1024
+MAX_WORKERS = 256
+MAX_NODES = 1024
 _CPUSET = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 _VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}$")
 
@@ -151,6 +154,17 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
     Param("variant", _variant, "cpu", "environment variant of the framework (images/<framework>/requirements-<variant>.txt)"),
     Param("device", _choice(DEVICES), "cpu", "device the cell runs on"),
     Param("gpus", _int(1, 64), 1, "GPUs used by a gpu cell (single-host data parallel)"),
+    Param("workers", _int(1, MAX_WORKERS), 1,
+          "data-parallel worker processes on each host (DDP, MultiWorkerMirroredStrategy, MXNet dist "
+          "kvstore): over CPU processes on the CPU, one GPU each on the GPU"),
+    Param("nodes", _int(1, MAX_NODES), 1, "hosts of a multi-node cell (> 1 needs an executor that places "
+                                          "workers on several hosts: slurm)"),
+    Param("scaling", _choice(SCALINGS), "weak",
+          'weak: batch_size is per worker (the global batch grows with the workers); strong: batch_size '
+          "is the global batch, split across the workers"),
+    Param("kvstore", _choice(KVSTORES), "device",
+          "MXNet's gradient exchange: device (one process), dist_sync or dist_async (a parameter "
+          "server on the cell's host); null for other frameworks"),
     Param("mode", _choice(MODES), "train", "train, or inference (forward passes only, timed per batch)"),
     Param("model", _choice(MODELS), "lenet5", "network (runner/harness/models.py)"),
     Param("dataset", _choice(DATASETS), "fashion-mnist", "dataset"),

@@ -126,3 +126,61 @@ def built_image(client, framework: str, variant: str):
 def cpu_images(docker_client):
     """The three frameworks' CPU images (built when missing)."""
     return {fw: built_image(docker_client, fw, "cpu") for fw in ("torch", "tensorflow", "mxnet")}
+
+
+# --- a real one-node Slurm cluster -------------------------------------------------------------
+# Debian's slurmctld / slurmd / slurm-client / munge (`make test` installs them).  The session
+# starts a cluster of its own (runner/slurm.py: private munged, slurmctld -D, slurmd -D, free
+# ports, two fake GPUs) and stops it by its recorded PIDs at the end (.ci/run stops it again
+# from $MATRUN_SLURM_STATE in case pytest itself was killed).  Without Slurm the tests
+# skip with the reason, except where MATRUN_REQUIRE_SLURM=1 (CI: .ci/run): then they fail.
+
+REQUIRE_SLURM = os.environ.get("MATRUN_REQUIRE_SLURM") == "1"
+
+
+def slurm_missing(reason: str):
+    if REQUIRE_SLURM:
+        pytest.fail(f"MATRUN_REQUIRE_SLURM=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A one-node Slurm cluster (node localhost on 127.0.0.1, 2 fake GPUs); its ``env`` names its slurm.conf."""
+    import shutil
+    import tempfile
+
+    from matrun.runner import slurm
+
+    missing = [c for c in ("munged", "slurmctld", "slurmd", "sbatch", "squeue") if shutil.which(c) is None]
+    if missing:
+        slurm_missing(f"Slurm is not installed ({', '.join(missing)} missing; Debian: apt-get install "
+                      "slurmctld slurmd slurm-client munge, as `make slurm` does)")
+    if os.geteuid() != 0:
+        slurm_missing("the Slurm test cluster needs root (munged, slurmd)")
+    # $MATRUN_SLURM_STATE (CI: stopped there again at the end, whatever happens to pytest), else
+    # a new directory under /tmp, not pytest's tmp_path: munged wants every directory above its
+    # socket searchable.
+    explicit = os.environ.get("MATRUN_SLURM_STATE")
+    state = Path(explicit) if explicit else Path(tempfile.mkdtemp(prefix="matrun-slurm-", dir="/tmp"))
+    if explicit:  # a cluster a killed session left there: stopped by its PIDs, its old jobs forgotten
+        slurm.stop_cluster(state)
+        shutil.rmtree(state, ignore_errors=True)
+    state.mkdir(parents=True, exist_ok=True)
+    try:
+        cluster = slurm.start_cluster(state, kill_wait=5)
+    except Exception as exc:
+        slurm.stop_cluster(state)
+        shutil.rmtree(state, ignore_errors=True)
+        slurm_missing(f"could not start a Slurm test cluster: {exc}")
+    try:
+        yield cluster
+    finally:
+        slurm.stop_cluster(state)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def torch_image(docker_client):
+    """The torch:cpu image the Slurm tasks' docker executor runs cells in (built when missing)."""
+    return built_image(docker_client, "torch", "cpu")

@@ -192,7 +192,7 @@ BAD = [
     ("repeats zero", "[sweep]\nrepeats = 0\n",
      "matrix.toml: [sweep -> repeats] expected a repeat count from 1 to 1000, got 0"),
     ("unknown executor", '[sweep]\nexecutor = "kubernetes"\n',
-     'matrix.toml: [sweep -> executor] expected one of auto, local, docker, got "kubernetes"'),
+     'matrix.toml: [sweep -> executor] expected one of auto, local, docker, slurm, got "kubernetes"'),
     ("no timed steps", "[fixed]\niterations = 5\nwarmup_steps = 5\n",
      "matrix.toml: [fixed] warmup_steps = 5 leaves no timed steps"),
     ("bad include", "[[include]]\ndataset = \"imagenet\"\n",

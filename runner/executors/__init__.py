@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from matrun.errors import InputError
 from matrun.runner.executors.base import Executor, RunOutcome, RunRequest
 from matrun.runner.executors.docker import DockerExecutor
 from matrun.runner.executors.local import LocalExecutor
+from matrun.runner.executors.slurm import SlurmExecutor
 
-EXECUTORS: dict[str, type] = {"local": LocalExecutor, "docker": DockerExecutor}
+if TYPE_CHECKING:
+    from matrun.runner.slurm import SlurmSettings
+
+EXECUTORS: dict[str, type] = {"local": LocalExecutor, "docker": DockerExecutor, "slurm": SlurmExecutor}
 
 __all__ = ["Executor", "RunOutcome", "RunRequest", "get_executor", "EXECUTORS"]
 
 
-def get_executor(name: str, *, docker_host: str | None = None) -> tuple[Executor, str]:
+def get_executor(name: str, *, docker_host: str | None = None,
+                 slurm: "SlurmSettings | None" = None) -> tuple[Executor, str]:
     """The executor for ``name`` and a sentence saying what was picked and why.
 
     ``auto`` picks docker when a local Docker engine answers (``DOCKER_HOST`` or the default
-    socket), else the local executor, the embedded default.
+    socket), else the local executor, the embedded default; it never picks slurm (submitting
+    to a cluster is asked for by name).  ``slurm``: the settings of the slurm executor.
     """
     if name == "auto":
         from matrun.runner.engine import engine_url, find_engine
@@ -34,4 +42,6 @@ def get_executor(name: str, *, docker_host: str | None = None) -> tuple[Executor
         raise InputError(f"unknown executor {name!r}; available: auto, {', '.join(EXECUTORS)}")
     if cls is DockerExecutor:
         return DockerExecutor(docker_host=docker_host), f"executor: {name}"
+    if cls is SlurmExecutor:
+        return SlurmExecutor(slurm, docker_host=docker_host), f"executor: {name} (job arrays; each task runs its cell with the docker executor on its node)"
     return cls(), f"executor: {name}"

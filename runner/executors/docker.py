@@ -34,7 +34,10 @@ from matrun.runner.build import recipe_hash
 from matrun.runner.bundle import MONITOR, SCHEMA_VERSION, SPEC, STDERR, STDOUT, write_json_atomic
 from matrun.runner.envs import stage_harness
 from matrun.runner.executors.base import RunOutcome, RunRequest
-from matrun.runner.executors.local import _error_tail, _status, cell_environment, harness_command
+from matrun.runner.executors.local import (
+    _error_tail, _status, cell_environment, harness_command, refused_outcome,
+)
+from matrun.runner.executors.workers import host_refusal, write_plan
 from matrun.runner.monitor_cgroup import CgroupMonitor
 from matrun.runner.params import cpuset_cpus
 
@@ -102,11 +105,14 @@ def device_requests(params: Mapping[str, Any]) -> list["docker.types.DeviceReque
 
 def container_kwargs(params: Mapping[str, Any], *, image: ImageRef, run_dir: Path, data_dir: Path,
                      stage: Path, labels: CellLabels, user: str, memory_limit: int | str | None = None,
-                     shm_size: str = DEFAULT_SHM_SIZE) -> dict[str, Any]:
+                     shm_size: str = DEFAULT_SHM_SIZE, plan: Path | None = None) -> dict[str, Any]:
     """The exact keyword arguments of ``client.containers.create`` for one cell (pure).
 
     ``create`` + ``start`` rather than ``run``: ``run`` pulls an image it cannot find, and
-    no registry may be contacted from here (a cell's image is always local).
+    no registry may be contacted from here (a cell's image is always local).  ``plan``: a
+    multi-worker cell's launch plan (``<run>/workers.json``): the container's command is the
+    launcher, which starts every worker inside this one container (no network: they talk over
+    the container's own loopback).
     """
     run_dir, data_dir = run_dir.absolute(), data_dir.absolute()
     env = cell_environment(params, Path(HARNESS_MOUNT), base=image_environment(image.env))
@@ -117,7 +123,7 @@ def container_kwargs(params: Mapping[str, Any], *, image: ImageRef, run_dir: Pat
         volumes[str(data_dir)] = {"bind": str(data_dir), "mode": "ro"}
     kwargs: dict[str, Any] = {
         "image": image.image_id,
-        "command": harness_command(Path("python3"), run_dir),  # the image's PATH finds its venv first
+        "command": harness_command(Path("python3"), run_dir, plan),  # the image's PATH finds its venv first
         "environment": env,
         "working_dir": str(run_dir),
         "user": user,
@@ -231,18 +237,29 @@ class DockerExecutor:
             log(f"image {ref.tag} ({ref.image_id[:19]})")
         stage_harness()
 
+    def refusal(self, params: Mapping[str, Any]) -> str | None:
+        """Why this executor cannot run the cell (``nodes`` > 1: one container on one host), or
+        None; the sweep asks before anything runs."""
+        return host_refusal(params, self.name)
+
     def run(self, request: RunRequest) -> DockerRunOutcome:
         import docker
 
         params, run_dir = request.params, request.run_dir.absolute()
+        refused = self.refusal(params)
+        if refused:
+            base = refused_outcome(run_dir, refused, datetime.now(timezone.utc))
+            return DockerRunOutcome(**vars(base))
         ref = self.image(params["framework"], params["variant"])
         owner = run_dir.stat()
         user = cell_user(run_dir)
         if user == f"{NOBODY}:{NOBODY}":  # a root-owned bundle: let nobody write into this run only
             os.chown(run_dir, NOBODY, NOBODY)
+        # A multi-worker cell: every worker in this one container (the network is already none).
+        plan = write_plan(run_dir, params, network="inherit")
         kwargs = container_kwargs(params, image=ref, run_dir=run_dir, data_dir=request.data_dir,
                                   stage=stage_harness(), labels=_labels(run_dir), user=user,
-                                  memory_limit=_memory_limit(request), shm_size=self.shm_size)
+                                  memory_limit=_memory_limit(request), shm_size=self.shm_size, plan=plan)
         started = datetime.now(timezone.utc)
         t0 = time.monotonic()
         container = None
@@ -341,9 +358,12 @@ def _give_back(run_dir: Path, owner: os.stat_result) -> None:
     """Files the cell wrote as nobody go back to the bundle's owner."""
     if owner.st_uid != 0 or os.geteuid() != 0:
         return
-    for path in [run_dir, *run_dir.iterdir()]:
+    paths = [run_dir]
+    for root, dirs, files in os.walk(run_dir):  # a multi-worker cell's workers/ tree too
+        paths += [Path(root) / name for name in (*dirs, *files)]
+    for path in paths:
         try:
-            os.chown(path, owner.st_uid, owner.st_gid)
+            os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
         except OSError:
             pass
 

@@ -21,15 +21,21 @@ from typing import Any, Callable, Mapping
 from matrun.runner.bundle import EVENTS, MONITOR, SPEC, STDERR, STDOUT, tail_text
 from matrun.runner.envs import ensure_env, env_spec, stage_harness
 from matrun.runner.executors.base import RunOutcome, RunRequest
+from matrun.runner.executors.workers import host_refusal, write_plan
+from matrun.runner.harness.distributed import MATRUN_ENV
 from matrun.runner.monitor import Monitor
 from matrun.runner.frameworks import get_framework
 from matrun.runner.params import cpuset_cpus
 
 # Host variables that would change what runs in the cell; the cell gets only what we set.
 _DROP_PREFIXES = ("PYTHON", "VIRTUAL_ENV", "CONDA", "KMP_", "GOMP_", "MKL_", "DNNL_", "ONEDNN_",
-                  "TF_", "MXNET_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+                  "TF_", "MXNET_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+                  "DMLC_", "GLOO_", "NCCL_")
+# ... and the rendezvous of distributed training (a multi-worker cell's launcher sets its own)
 _DROP_NAMES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-               "NUMEXPR_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES")
+               "NUMEXPR_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES",
+               "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PORT",
+               *MATRUN_ENV)
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.05
 
@@ -52,9 +58,14 @@ def cell_environment(params: Mapping[str, Any], pythonpath: Path,
     return env
 
 
-def harness_command(python: Path, run_dir: Path) -> list[str]:
+def harness_command(python: Path, run_dir: Path, plan: Path | None = None) -> list[str]:
+    """The harness's command line; with a launch ``plan`` (a multi-worker cell) the harness is
+    the launcher of the cell's processes (runner/executors/workers.py)."""
     run_dir = run_dir.absolute()
-    return [str(python), "-m", "matrun.runner.harness", "--spec", str(run_dir / SPEC), "--out", str(run_dir)]
+    command = [str(python), "-m", "matrun.runner.harness", "--spec", str(run_dir / SPEC), "--out", str(run_dir)]
+    if plan is not None:
+        command += ["--launch", str(plan.absolute())]
+    return command
 
 
 def _preexec(cpus: set[int]) -> Callable[[], None]:
@@ -80,15 +91,26 @@ class LocalExecutor:
             ensure_env(framework, variant, log=log)
         stage_harness()
 
+    def refusal(self, params: Mapping[str, Any]) -> str | None:
+        """Why this executor cannot run the cell (``nodes`` > 1), or None; the sweep asks before
+        anything runs."""
+        return host_refusal(params, self.name)
+
     def run(self, request: RunRequest) -> RunOutcome:
         params = request.params
-        env = ensure_env(params["framework"], params["variant"])
         run_dir = request.run_dir
         started = datetime.now(timezone.utc)
+        refused = self.refusal(params)
+        if refused:
+            return refused_outcome(run_dir, refused, started)
+        env = ensure_env(params["framework"], params["variant"])
+        # A multi-worker cell: the harness launches its workers, all in one private network
+        # namespace with only loopback (launch.py), as a container with no network would.
+        plan = write_plan(run_dir, params, network="private")
         t0 = time.monotonic()
         with open(run_dir / STDOUT, "wb") as out, open(run_dir / STDERR, "wb") as err:
             proc = subprocess.Popen(
-                harness_command(env.python, run_dir),
+                harness_command(env.python, run_dir, plan),
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=run_dir,
                 env=cell_environment(params, stage_harness()),
                 start_new_session=True, preexec_fn=_preexec(cpuset_cpus(params["cpuset"])),
@@ -112,6 +134,15 @@ class LocalExecutor:
             wall_seconds=round(wall, 3),
             monitor=aggregates,
         )
+
+
+def refused_outcome(run_dir: Path, reason: str, started: datetime) -> RunOutcome:
+    """A cell the executor cannot run: failed, nothing started, the reason as its error."""
+    for name in (STDOUT, STDERR):
+        (run_dir / name).touch()
+    now = datetime.now(timezone.utc).isoformat()
+    return RunOutcome(status="failed", exit_code=None, error_tail=f"[matrun] {reason}",
+                      started_at=started.isoformat(), ended_at=now, wall_seconds=0.0)
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> tuple[int | None, bool]:

@@ -162,6 +162,16 @@ PARAM_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "seed": _int_at_least(0),
 }
 
+# Keys added after the first harness: checked when present; absent, they mean this default (a
+# spec of an older host, or of a tool that knows nothing of multi-worker cells, still reads;
+# readers use ``params.get``).
+OPTIONAL_PARAMS: dict[str, tuple[Any, Callable[[Any], str | None]]] = {
+    "workers": (1, _int_at_least(1)),
+    "nodes": (1, _int_at_least(1)),
+    "scaling": ("weak", _choice(("weak", "strong"))),
+    "kvstore": ("device", _choice(("device", "dist_sync", "dist_async"))),
+}
+
 
 def _unused_keys(params: dict[str, Any]) -> set[str]:
     """Keys the host sets to null because the cell does not use them (docs/BUNDLE.md)."""
@@ -174,6 +184,8 @@ def _unused_keys(params: dict[str, Any]) -> set[str]:
         unused.add("momentum")
     if params.get("device") == "cpu":
         unused.add("gpus")
+    if params.get("framework") != "mxnet":
+        unused.add("kvstore")
     return unused
 
 
@@ -245,6 +257,12 @@ def load_spec(path: Path) -> dict[str, Any]:
         problem = check(params[key])
         if problem:
             raise SpecError(f"{path}: [params -> {key}] {problem}")
+    for key, (_default, check) in OPTIONAL_PARAMS.items():
+        if key not in params or (key in unused and params[key] is None):
+            continue
+        problem = check(params[key])
+        if problem:
+            raise SpecError(f"{path}: [params -> {key}] {problem}")
     if params["framework"] not in known_frameworks():
         raise SpecError(f"{path}: [params -> framework] unknown framework {_show(params['framework'])} "
                         f"(this harness knows {', '.join(known_frameworks())})")
@@ -259,6 +277,11 @@ def load_spec(path: Path) -> dict[str, Any]:
     if params["layer_profile"] and params["model"] not in sequential_models():
         raise SpecError(f"{path}: [params -> layer_profile] needs a sequential network "
                         f"({', '.join(sequential_models())}), not {params['model']}")
+    from .distributed import multi_process
+
+    if multi_process(params) and (params["mode"] != "train" or params["layer_profile"]):
+        raise SpecError(f"{path}: [params -> workers] a multi-worker cell trains (mode = \"train\", "
+                        "no layer_profile)")
     return spec
 
 
@@ -276,12 +299,19 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
     short verbose run of another run's oneDNN check (``probe.onednn_check``); it never
     starts a check of its own.
     """
-    from . import adapters, data, layers, probe
+    from . import adapters, data, distributed, layers, probe
     from .events import EventLog
 
     started = time.perf_counter() if started is None else started
     spec = load_spec(spec_path)
     params = spec["params"]
+    try:
+        ctx = distributed.context(params)
+    except ValueError as exc:
+        raise HarnessError(f"{spec_path}: {exc}") from None
+    # A worker applies its share of the cell's threads and CPUs (the cell's values when alone).
+    params = distributed.worker_params(params, ctx.local_rank) if ctx.distributed else params
+    distributed.set_current(ctx)
     adapter = adapters.load(params["framework"])
     problem = adapter.check(params)
     if not problem and params["mode"] == "inference" and not hasattr(adapter, "infer"):
@@ -292,8 +322,8 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
         raise SpecError(f"{spec_path}: {problem}")
 
     onednn = None
-    if params["onednn_check"] and not onednn_probe:
-        onednn = probe.onednn_check(spec)
+    if params["onednn_check"] and not onednn_probe and ctx.chief:
+        onednn = probe.onednn_check({**spec, "params": params})
         started += onednn["seconds"]  # time_to_first_step leaves the check out
 
     out_dir = Path(out_dir)
@@ -318,8 +348,36 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
         if params["layer_profile"]:
             layers.profile(log, params, dataset.shape, dataset.classes,
                            adapter.layer_ops(params, dataset, outcome.model))
-        summary = log.summary(diverged=outcome.diverged, notes=[*notes, *outcome.notes],
+        extra, more_notes = _workers_summary(ctx, params, log, fields, outcome, out_dir)
+        summary = log.summary(diverged=outcome.diverged, notes=[*notes, *outcome.notes, *more_notes],
                               mode=params["mode"], inference_seconds=outcome.inference_seconds,
-                              peak_device_memory_bytes=outcome.peak_device_memory_bytes)
+                              peak_device_memory_bytes=outcome.peak_device_memory_bytes, extra=extra)
         log.emit("end", t=time.time())
     return summary
+
+
+def _workers_summary(ctx: Any, params: dict[str, Any], log: Any, probe_fields: dict[str, Any], outcome: Any,
+                     out_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """A worker of a multi-worker cell: its report (rank r > 0 writes ``worker.json``; rank 0
+    gathers them all) and, for rank 0, the summary fields of the whole cell.  A single
+    process: only the gradient-exchange measurement, when there is one (an MXNet dist kvstore)."""
+    from . import distributed
+
+    exchange = {"exchange": outcome.exchange} if outcome.exchange else {}
+    if not ctx.distributed:
+        return exchange, []
+    in_force = probe_fields.get("in_force", {})
+    report = {"rank": ctx.rank, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank,
+              **distributed.step_stats(ctx, log.steps, params["warmup_steps"]),
+              "affinity": in_force.get("affinity"), "threads": in_force.get("threads"),
+              "interop_threads": in_force.get("interop_threads"),
+              "mismatches": probe_fields.get("mismatches", []), "exchange": outcome.exchange}
+    if not ctx.chief:
+        distributed.write_report(out_dir, report)
+        return {**exchange, "rank": ctx.rank}, []
+    reports, notes = distributed.gather_reports(ctx, report)
+    rated = log.steps[log.warmup_steps:] or log.steps
+    from .events import throughput
+
+    extra = distributed.summary_fields(ctx, params, reports, throughput(rated))
+    return {**exchange, **extra}, notes

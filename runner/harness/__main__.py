@@ -4,7 +4,8 @@ Exit codes: 0 the run finished (a diverged run included: the host decides the st
 2 the spec is bad, unknown or asks for what this harness cannot do (message on stderr,
 nothing written); 1 any other failure (traceback and an ``Error:`` line on stderr; the
 events written so far stay in ``events.jsonl``); 143 killed by SIGTERM (the buffered
-steps are written first).
+steps are written first).  With ``--launch PLAN`` this process is the launcher of a
+multi-worker cell (``launch.py``): its exit code is the failing worker's, else 0.
 """
 
 from __future__ import annotations
@@ -29,10 +30,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="directory to write events.jsonl into")
     parser.add_argument("--onednn-probe", action="store_true",
                         help="this is the short verbose run of another run's oneDNN check (no check of its own)")
+    parser.add_argument("--launch", type=Path, metavar="PLAN",
+                        help="start the processes of a multi-worker cell as the host's plan "
+                             "(workers.json) says, and wait for them (launch.py)")
     args = parser.parse_args(argv)
     # A TERM (the host's timeout) unwinds normally, so the buffered steps reach the file.
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.launch is not None:
+        from .launch import LaunchError, run
+
+        try:
+            return run(args.launch, args.spec)
+        except LaunchError as exc:
+            print(f"Error: {exc}", file=sys.stderr)
+            return 1
+        except Exception as exc:  # e.g. a worker that could not be started
+            traceback.print_exc()
+            print(f"Error: the launcher failed: {exc}", file=sys.stderr)
+            return 1
     try:
         summary = run_cell(spec_path=args.spec, out_dir=args.out, started=started,
                            onednn_probe=args.onednn_probe)
@@ -44,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     accuracy = summary["accuracy"]
-    if summary["train_seconds"] is None:  # inference
+    if summary.get("rank"):  # a worker of a multi-worker cell: rank 0 evaluates and reports
+        print(f"done: worker {summary['rank']}, train {summary['train_seconds']:.2f} s, "
+              f"own throughput {summary['throughput'] or 0:.1f} images/s")
+    elif summary["train_seconds"] is None:  # inference
         print(f"done: inference {summary['inference_seconds'] or 0:.2f} s, "
               f"throughput {summary['throughput'] or 0:.1f} images/s")
     else:

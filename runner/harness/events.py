@@ -100,13 +100,16 @@ class EventLog:
 
     def summary(self, *, diverged: bool, notes: Iterable[str] = (), mode: str = "train",
                 inference_seconds: float | None = None,
-                peak_device_memory_bytes: int | None = None) -> dict[str, Any]:
+                peak_device_memory_bytes: int | None = None,
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Compute and write the ``summary`` record from the steps and epochs recorded.
 
         ``mode = "inference"``: there are no epochs; train time, test time and accuracy are
         null and ``inference_seconds`` (the adapter's wall time of all forward batches,
         warm-up included) is given.  ``peak_device_memory_bytes``: the accelerator's peak
-        allocation, null on the CPU (the host monitor records the RSS).
+        allocation, null on the CPU (the host monitor records the RSS).  ``extra``: more
+        fields, written after the computed ones (a multi-worker cell's rank 0 replaces
+        ``throughput`` by the aggregate and adds the per-worker numbers, docs/HARNESS.md).
         """
         notes = list(notes)
         self.write_steps()
@@ -131,6 +134,8 @@ class EventLog:
             "inference_seconds": None if training else inference_seconds,
             "peak_device_memory_bytes": peak_device_memory_bytes,
         }
+        if extra:
+            fields.update(extra)
         if notes:
             fields["notes"] = notes
         return self.emit("summary", **fields)

@@ -493,7 +493,11 @@ def probe_params(params: dict[str, Any]) -> dict[str, Any]:
     batch = min(params["batch_size"], ONEDNN_PROBE_BATCH)
     out = {**params, "iterations": ONEDNN_PROBE_STEPS, "warmup_steps": 0, "batch_size": batch,
            "eval_batch_size": min(params["eval_batch_size"], batch), "layer_profile": False,
-           "onednn_check": False, "train_limit": ONEDNN_PROBE_STEPS * batch, "test_limit": batch}
+           "onednn_check": False, "train_limit": ONEDNN_PROBE_STEPS * batch, "test_limit": batch,
+           # one process: a worker of a multi-worker cell checks its own framework alone
+           "workers": 1, "nodes": 1}
+    if params.get("kvstore") is not None:
+        out["kvstore"] = "device"
     if params["mode"] != "inference":
         out["epochs"] = None
     if params["dataset"] == "synthetic":  # generated in full before the limits apply
@@ -537,7 +541,9 @@ def onednn_check(spec: dict[str, Any], *, timeout: float = ONEDNN_PROBE_TIMEOUT)
         with tempfile.TemporaryDirectory(prefix="matrun-onednn-") as tmp:
             spec_path = Path(tmp) / "spec.json"
             spec_path.write_text(json.dumps({**spec, "params": probe_params(spec["params"])}), encoding="utf-8")
-            env = {**os.environ, **{var: "1" for var in VERBOSE_VARIABLES}}
+            from .distributed import single_process_env
+
+            env = {**single_process_env(os.environ), **{var: "1" for var in VERBOSE_VARIABLES}}
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_MATRUN_ROOT), env.get("PYTHONPATH", "")]))
             proc = subprocess.run([sys.executable, "-m", "matrun.runner.harness", "--spec", str(spec_path),
                                    "--out", tmp, "--onednn-probe"], stdin=subprocess.DEVNULL,

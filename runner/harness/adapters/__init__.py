@@ -53,7 +53,9 @@ class TrainOutcome:
     ``model``: the framework's model object, handed back to ``layer_ops`` when the cell
     asks for ``layer_profile`` (the harness never looks into it).  ``inference_seconds``:
     wall time of ``infer``'s batches, warm-up included.  ``peak_device_memory_bytes``: the
-    accelerator's peak allocation, None on the CPU.
+    accelerator's peak allocation, None on the CPU.  ``exchange``: a multi-worker cell's
+    gradient-exchange measurement (``method``, ``seconds_median``, …; docs/HARNESS.md), None
+    for a single process.
     """
 
     diverged: bool = False
@@ -61,6 +63,7 @@ class TrainOutcome:
     model: Any = None
     inference_seconds: float | None = None
     peak_device_memory_bytes: int | None = None
+    exchange: dict[str, Any] | None = None
 
 
 class Adapter(Protocol):

@@ -22,6 +22,22 @@ backward, ``trainer.step`` → ``mx.nd.waitall()`` → t1.  ``waitall`` is the c
 synchronisation: ``loss.wait_to_read()`` would return before the backward pass and the
 parameter updates have run.
 
+Multi-process cells: ``kvstore = "dist_sync"`` / ``"dist_async"`` — MXNet's parameter server:
+the launcher starts a scheduler, one server and the workers (``DMLC_*`` variables, all on
+127.0.0.1); each worker trains on every ``world``-th sample of the same global batches.
+The server updates the weights (``update_on_kvstore=True``): each worker pushes its gradients
+and pulls the weights in ``trainer.step``.  ``dist_sync``: the server sums the pushes of all
+workers, then updates once (``trainer.step(global batch)``: the global batch's mean);
+``dist_async``: the server applies each worker's push as it comes
+(``trainer.step(own batch)``), nobody waits.  The server's gradient scale is fixed at the
+first step, so a partial last global batch is dropped.  (``update_on_kvstore=False``, i.e. a
+push/pull of gradients and a local update, gave replicas with different weights in 2 of 4
+runs of a 2-worker MXNet 1.9.1 ``dist_sync`` cell here — the pulled sum was sometimes stale —
+and a separate ``push`` + ``pull`` deadlocked; so it is not used.)  The exchange is timed
+inside each step: ``waitall`` after backward, then ``trainer.step`` (push, the server's
+update, pull) up to its ``waitall``; those extra synchronisation points exist only in
+parameter-server cells.
+
 Data: pixels / 255, then mean 0.5 / std 0.5 (values in [-1, 1]), as every adapter does.
 Each epoch permutes the training set with ``random.Random(seed)`` (the same permutation
 source on every machine) and slices batches; the last partial batch is kept.
@@ -32,10 +48,12 @@ from __future__ import annotations
 import math
 import os
 import random
+import statistics
 import time
 from typing import Any, Callable
 
 from .. import HarnessError
+from .. import distributed
 from .. import models as zoo
 from ..data import Dataset, Split
 from ..events import EventLog
@@ -153,30 +171,66 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     net.initialize(_initializer(), ctx=ctxs)
     net.hybridize(static_alloc=True, static_shape=True)
     _emit_model(log, params, dataset, net)
-    trainer = mx.gluon.Trainer(net.collect_params(), *_optimizer(params),
-                               kvstore="device" if len(ctxs) > 1 else None)
+    wctx = distributed.current()
+    kind = params.get("kvstore") or "device"
+    dist = kind in distributed.DIST_KVSTORES
+    if dist:  # connects to the cell's scheduler; rank 0 of the kvstore sends the optimizer
+        kv = mx.kv.create(kind)
+        trainer = mx.gluon.Trainer(net.collect_params(), *_optimizer(params), kvstore=kv, update_on_kvstore=True)
+    else:
+        trainer = mx.gluon.Trainer(net.collect_params(), *_optimizer(params),
+                                   kvstore="device" if len(ctxs) > 1 else None)
     if amp is not None:
         amp.init_trainer(trainer)
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
     shuffle = random.Random(params["seed"])
     iterations = params["iterations"]
+    batch = distributed.global_batch(params) if dist else params["batch_size"]
+    exchange: list[float] | None = [] if dist else None
 
     epoch, done = 0, 0
     while (done < iterations) if iterations else (epoch < params["epochs"]):
         budget = iterations - done if iterations else None
         steps, loss, accuracy, seconds = _train_epoch(
             net, trainer, loss_fn, amp, x_train, y_train, ctxs, epoch=epoch,
-            batch_size=params["batch_size"], budget=budget, shuffle=shuffle, record=log.steps.append)
+            batch_size=batch, budget=budget, shuffle=shuffle, record=log.steps.append,
+            wctx=wctx, exchange=exchange, asynchronous=kind == "dist_async")
         done += steps
-        test_loss, test_accuracy, test_seconds = evaluate(net, loss_fn, x_test, y_test, ctxs,
-                                                          params["eval_batch_size"])
+        if wctx.chief:
+            test_loss, test_accuracy, test_seconds = evaluate(net, loss_fn, x_test, y_test, ctxs,
+                                                              params["eval_batch_size"])
+        else:  # only rank 0 evaluates
+            test_loss = test_accuracy = test_seconds = None
         log.epoch(epoch=epoch, steps=steps, train_loss=loss, train_accuracy=accuracy, test_loss=test_loss,
                   test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds)
         if not math.isfinite(loss):
             return TrainOutcome(diverged=True, notes=[f"training loss became {loss} in epoch {epoch}; stopped"],
-                                model=net)
+                                model=net, exchange=_exchange(exchange, log, kind, net))
         epoch += 1
-    return TrainOutcome(model=net)
+    return TrainOutcome(model=net, exchange=_exchange(exchange, log, kind, net))
+
+
+def _exchange(per_step: list[float] | None, log: EventLog, kind: str, net: Any) -> dict[str, Any] | None:
+    """The push/pull time of a dist kvstore cell (median over timed steps), or None."""
+    if per_step is None:
+        return None
+    timed = per_step[log.warmup_steps:] or per_step
+    steps = [t1 - t0 for _, t0, t1, _ in (log.steps[log.warmup_steps:] or log.steps)]
+    median = statistics.median(timed) if timed else None
+    step_median = statistics.median(steps) if steps else None
+    what = ("trainer.step(): push of the gradients, the server's update once all workers pushed, pull of "
+            "the weights" if kind == "dist_sync" else
+            "trainer.step(): push of the gradients, the server's update with them alone, pull of the weights")
+    return {"method": f"inside each step, from the end of backward (waitall) to the end of {what} (waitall)",
+            "kvstore": kind, "seconds_median": median,
+            "fraction_of_step": median / step_median if median is not None and step_median else None,
+            "weights_checksum": weights_checksum(net)}
+
+
+def weights_checksum(net: Any) -> float:
+    """Sum of |w| over the trainable weights: equal on every worker of a synchronous cell."""
+    return float(sum(p.data().abs().sum().asscalar() for p in net.collect_params().values()
+                     if p.grad_req != "null"))
 
 
 def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
@@ -382,22 +436,37 @@ def _initializer() -> Any:
 
 def _train_epoch(net: Any, trainer: Any, loss_fn: Any, amp: Any, x: Any, y: Any, ctxs: list[Any], *,
                  epoch: int, batch_size: int, budget: int | None, shuffle: random.Random,
-                 record: Callable[[tuple[int, float, float, int]], None]) -> tuple[int, float, float, float]:
-    """One pass (or ``budget`` steps) over the shuffled data: (steps, loss, accuracy, seconds)."""
+                 record: Callable[[tuple[int, float, float, int]], None],
+                 wctx: distributed.Context | None = None, exchange: list[float] | None = None,
+                 asynchronous: bool = False) -> tuple[int, float, float, float]:
+    """One pass (or ``budget`` steps) over the shuffled data: (steps, loss, accuracy, seconds).
+
+    A dist kvstore cell (``exchange`` is a list): ``batch_size`` is the global batch, this
+    worker trains on its ``[rank::world]`` of each, and each step's push/pull time is appended
+    to ``exchange``."""
     nd, autograd = mx.nd, mx.autograd
+    wctx = wctx or distributed.Context()
     t_epoch = time.perf_counter()
     order = list(range(y.shape[0]))
     shuffle.shuffle(order)
     index = nd.array(order, ctx=ctxs[0], dtype="int64")
     xs, ys = nd.take(x, index), nd.take(y, index)
     count = y.shape[0]
-    stop = count if budget is None else min(count, budget * batch_size)
+    starts = distributed.batch_starts(count, batch_size, wctx.world, budget)
+    if exchange is not None:  # the server's gradient scale is fixed at the first step: full batches only
+        starts = [(start, size) for start, size in starts if size == batch_size]
+    if not starts and exchange is not None:
+        raise HarnessError(f"the training set ({count} samples) has no full global batch of {batch_size}")
     loss_sum = nd.zeros((1,), ctx=ctxs[0])
     correct = nd.zeros((1,), ctx=ctxs[0])
-    steps = 0
-    for start in range(0, stop, batch_size):
-        end = min(start + batch_size, count)
-        xb, yb = xs[start:end], ys[start:end]
+    steps, seen = 0, 0
+    for start, size in starts:
+        end = start + size
+        if wctx.distributed:
+            take = nd.arange(start + wctx.rank, end, wctx.world, ctx=ctxs[0], dtype="int64")
+            xb, yb = nd.take(xs, take), nd.take(ys, take)
+        else:
+            xb, yb = xs[start:end], ys[start:end]
         if len(ctxs) > 1:
             xparts = mx.gluon.utils.split_and_load(xb, ctxs, even_split=False)
             yparts = mx.gluon.utils.split_and_load(yb, ctxs, even_split=False)
@@ -413,16 +482,25 @@ def _train_epoch(net: Any, trainer: Any, loss_fn: Any, amp: Any, x: Any, y: Any,
                     autograd.backward(scaled)
         if amp is None:
             autograd.backward(losses)
-        trainer.step(end - start)
+        if exchange is None:
+            trainer.step(end - start)
+        else:
+            nd.waitall()
+            t_mid = time.perf_counter()
+            # push the gradients, the server updates, pull the weights: async applies this
+            # worker's gradients alone (its own batch), sync their sum over the global batch
+            trainer.step(xb.shape[0] if asynchronous else size)
+            nd.waitall()
+            exchange.append(time.perf_counter() - t_mid)
         nd.waitall()  # the engine is asynchronous: wait until the update has really run
         t1 = time.perf_counter()
-        record((epoch, t0, t1, end - start))
+        record((epoch, t0, t1, wctx.recorded_images(size)))
         for o, lo, yp in zip(outs, losses, yparts):
             o = o.astype("float32")
             loss_sum += lo.astype("float32").sum().as_in_context(ctxs[0])
             correct += (o.argmax(axis=1) == yp).sum().as_in_context(ctxs[0])
         steps += 1
-    seen = min(stop, count)
+        seen += xb.shape[0]
     loss_value, correct_value = float(loss_sum.asscalar()), float(correct.asscalar())
     seconds = time.perf_counter() - t_epoch
     return steps, loss_value / seen, correct_value / seen, seconds

@@ -7,6 +7,14 @@ every dataset, so that the same cell means the same input across datasets and fr
 Each epoch reshuffles the whole training set with a seeded ``torch.Generator`` and slices
 batches out of it; the last partial batch is kept.  No DataLoader, no worker processes.
 
+Multi-worker cells (``workers`` × ``nodes`` > 1, started by the launcher): one process per
+worker, ``DistributedDataParallel`` over a process group (gloo on the CPU, NCCL on GPUs,
+one GPU per worker), its TCP store on a socket rank 0 binds to ``MASTER_ADDR`` (127.0.0.1)
+itself, never to every interface; each worker trains on every ``world``-th sample of the
+same global batches; the allreduce is the comm hook ``_ExchangeTimer`` (a SUM of gradients
+of a loss divided by the global batch, so the result is the global batch's mean gradient),
+which also times it (docs/HARNESS.md "Multi-worker cells").
+
 Switches: ``device = "gpu"`` is ``cuda:0`` (``gpus`` > 1: ``nn.DataParallel`` over
 ``cuda:0..gpus-1``); ``layout = "nhwc"`` is ``channels_last`` for the model and the inputs;
 ``precision`` bf16 / fp16 is ``torch.autocast`` around the forward pass (fp16 with a
@@ -18,7 +26,12 @@ allows TF32 in cuDNN convolutions by default); ``conv_algo = "autotune"`` is
 from __future__ import annotations
 
 import contextlib
+import datetime
+import gc
 import math
+import os
+import socket
+import statistics
 import time
 from collections import OrderedDict
 from typing import Any, Callable, ContextManager
@@ -27,6 +40,7 @@ import torch
 from torch import nn
 
 from .. import HarnessError
+from .. import distributed
 from ..data import Dataset, Split
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
@@ -102,6 +116,10 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         mismatches.append(f"device: asked {params['device']}, in force {used}")
     if in_force["layout"] != params["layout"]:
         mismatches.append(f"layout: asked {params['layout']}, in force {in_force['layout']}")
+    ctx = distributed.current()
+    if ctx.distributed:
+        in_force.update(rank=ctx.rank, world_size=ctx.world,
+                        backend="nccl" if params["device"] == "gpu" else "gloo")
     return {
         "framework_version": torch.__version__,
         "build": torch.__config__.show(),
@@ -111,6 +129,8 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
+    if distributed.current().distributed:
+        return _train_workers(params, dataset, log, distributed.current())
     device = _device(params)
     _reset_peak_memory(device, params)
     x_train, y_train = _tensors(dataset.train, dataset.shape, device, params["layout"])
@@ -205,6 +225,245 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: nn.Module) -> Lay
         ops.append(_layer_op(layer, inp, upstream[i], first=i == 0, training=training, ctx=ctx))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     return LayerOps(ops=ops, images=len(x), sync=sync)
+
+
+# --- multi-worker cells ----------------------------------------------------------------
+
+EXCHANGE_PROBE_ROUNDS = 8
+
+
+class _ExchangeTimer:
+    """DDP comm hook: all-reduce (SUM) each gradient bucket and time it, from the bucket's
+    launch (when backward has produced it) to the end of its all-reduce.  Buckets overlap the
+    rest of the backward pass, so this is the time exchange was in flight, not the time it
+    added to the step (``_exchange_probe`` measures that)."""
+
+    def __init__(self) -> None:
+        self.durations: list[float] = []  # of the current step's buckets
+        self.per_step: list[float] = []
+
+    def hook(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP checks the annotations: none
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+
+        def done(f: Any) -> Any:
+            self.durations.append(time.perf_counter() - t0)
+            return f.value()[0]
+
+        return fut.then(done)
+
+    def end_step(self) -> None:
+        self.per_step.append(sum(self.durations))
+        self.durations = []
+
+
+def _init_process_group(params: dict[str, Any], ctx: distributed.Context, device: torch.device) -> str:
+    """Join the cell's process group through a TCP store at MASTER_ADDR:MASTER_PORT.  Rank 0
+    binds the store's socket to that address itself (torch's own would listen on every
+    interface); torch builds without ``master_listen_fd`` fall back to torch's socket."""
+    import torch.distributed as dist
+
+    addr = os.environ.get("MASTER_ADDR", distributed.LOOPBACK)
+    port = int(os.environ["MASTER_PORT"])
+    timeout = datetime.timedelta(seconds=600)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    fd = None
+    if ctx.chief:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, port))
+        sock.listen(128)
+        fd = sock.detach()
+    try:
+        store = dist.TCPStore(addr, port, ctx.world, ctx.chief, timeout, master_listen_fd=fd)
+    except TypeError:  # torch < 2.0: no master_listen_fd
+        if fd is not None:
+            os.close(fd)
+        store = dist.TCPStore(addr, port, ctx.world, ctx.chief, timeout)
+    dist.init_process_group(backend, store=store, rank=ctx.rank, world_size=ctx.world, timeout=timeout)
+    return backend
+
+
+def _train_workers(params: dict[str, Any], dataset: Dataset, log: EventLog,
+                   ctx: distributed.Context) -> TrainOutcome:
+    """One worker of a data-parallel cell: DDP, the same global batches on every worker, each
+    training on ``batch[rank::world]``; rank 0 alone evaluates."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = _device(params)
+    backend = _init_process_group(params, ctx, device)
+    model = None
+    try:
+        _reset_peak_memory(device, {**params, "gpus": 1})
+        x_train, y_train = _tensors(dataset.train, dataset.shape, device, params["layout"])
+        x_test, y_test = _tensors(dataset.test, dataset.shape, device, params["layout"])
+        net = build(params["model"], dataset.shape, dataset.classes).to(device)
+        if params["layout"] == "nhwc":
+            net = net.to(memory_format=torch.channels_last)
+        model = DistributedDataParallel(net, device_ids=[device.index or 0] if device.type == "cuda" else None)
+        timer = _ExchangeTimer()
+        model.register_comm_hook(None, timer.hook)
+        _emit_model(log, params, dataset, net)
+        optimizer = _optimizer(params, model)
+        loss_fn = nn.CrossEntropyLoss()
+        generator = torch.Generator().manual_seed(params["seed"])
+        amp = _autocast(params, device)
+        scaler = _grad_scaler() if params["precision"] == "fp16" else None
+        batch = distributed.global_batch(params)
+        iterations = params["iterations"]
+        epoch, done = 0, 0
+        while (done < iterations) if iterations else (epoch < params["epochs"]):
+            starts = distributed.batch_starts(len(y_train), batch, ctx.world, iterations - done if iterations else None)
+            if not starts:
+                raise HarnessError(f"the training set ({len(y_train)} samples) is smaller than the "
+                                   f"{ctx.world} workers")
+            steps, loss, accuracy, seconds = _train_epoch_worker(
+                model, optimizer, loss_fn, x_train, y_train, ctx, starts, epoch=epoch, generator=generator,
+                record=log.steps.append, timer=timer, amp=amp, scaler=scaler,
+                channels_last=params["layout"] == "nhwc")
+            done += steps
+            if ctx.chief:
+                test_loss, test_accuracy, test_seconds = evaluate(net, x_test, y_test, params["eval_batch_size"],
+                                                                  amp=amp)
+            else:
+                test_loss = test_accuracy = test_seconds = None
+            log.epoch(epoch=epoch, steps=steps, train_loss=loss, train_accuracy=accuracy, test_loss=test_loss,
+                      test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds)
+            if not math.isfinite(loss):
+                return TrainOutcome(diverged=True, notes=[f"training loss became {loss} in epoch {epoch}; stopped"],
+                                    model=net, peak_device_memory_bytes=_peak_memory(device, {**params, "gpus": 1}),
+                                    exchange=_exchange(timer, log, None))
+            epoch += 1
+        checksum = weights_checksum(net)  # before the probe's passes (no update, but to be plain)
+        probe = _exchange_probe(model, loss_fn, x_train, y_train, ctx, batch, amp=amp)
+        return TrainOutcome(model=net, peak_device_memory_bytes=_peak_memory(device, {**params, "gpus": 1}),
+                            exchange=_exchange(timer, log, {**probe, "weights_checksum": checksum},
+                                               backend=backend))
+    finally:
+        # The DDP wrapper (its reducer holds the comm hook's Python callbacks) must go before the
+        # process group: left to the interpreter's exit, it aborted now and then ("terminate
+        # called without an active exception", 1 run in 8).
+        del model
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _train_epoch_worker(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module,
+                        x: torch.Tensor, y: torch.Tensor, ctx: distributed.Context, starts: list[tuple[int, int]], *,
+                        epoch: int, generator: torch.Generator, record: Callable[[StepSample], None],
+                        timer: _ExchangeTimer, amp: ContextManager[Any] | None = None,
+                        scaler: Any = None, channels_last: bool = False) -> tuple[int, float, float, float]:
+    """``_train_epoch`` of one worker: the global batch at each start, this worker's
+    ``[rank::world]`` of it; the loss is divided by the global batch size (``n_local /
+    n_global`` × the local mean) and the gradients summed over the workers: the global mean.
+    Running loss and accuracy are this worker's."""
+    sync = x.device.type == "cuda"
+    model.train()
+    t_epoch = time.perf_counter()
+    order = torch.randperm(len(y), generator=generator).to(x.device)
+    xs, ys = x[order], y[order]
+    if channels_last:
+        xs = xs.contiguous(memory_format=torch.channels_last)
+    loss_sum = torch.zeros((), device=x.device)
+    correct = torch.zeros((), dtype=torch.int64, device=x.device)
+    seen = 0
+    for start, size in starts:
+        xb = xs[start + ctx.rank:start + size:ctx.world].contiguous(
+            memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        yb = ys[start + ctx.rank:start + size:ctx.world].contiguous()
+        share = len(yb) / size
+        t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        if amp is None:
+            out = model(xb)
+            loss = loss_fn(out, yb)
+        else:
+            with amp:
+                out = model(xb)
+                loss = loss_fn(out, yb)
+        if scaler is None:
+            (loss * share).backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss * share).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        if sync:
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        record((epoch, t0, t1, ctx.recorded_images(size)))
+        timer.end_step()
+        loss_sum += loss.detach() * len(yb)
+        correct += (out.detach().argmax(1) == yb).sum()
+        seen += len(yb)
+    loss_value, correct_value = loss_sum.item(), correct.item()
+    seconds = time.perf_counter() - t_epoch
+    return len(starts), loss_value / seen, correct_value / seen, seconds
+
+
+def _exchange_probe(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    ctx: distributed.Context, batch: int, *, amp: ContextManager[Any] | None,
+                    rounds: int = EXCHANGE_PROBE_ROUNDS) -> dict[str, Any]:
+    """After training: ``rounds`` forward + backward passes with the gradient all-reduce and as
+    many under ``no_sync()`` (none), alternating, each after a barrier (untimed), on the first
+    global batch, no update (the model does not change).  The difference of the medians is the
+    time the exchange adds to a step, after its overlap with the backward pass (waiting for a
+    slower worker included, as in training)."""
+    import torch.distributed as dist
+
+    sync = x.device.type == "cuda"
+    size = min(batch, len(y))
+    xb, yb = x[ctx.rank:size:ctx.world].contiguous(), y[ctx.rank:size:ctx.world].contiguous()
+    timed: dict[bool, list[float]] = {True: [], False: []}
+    model.train()  # rank 0 has just evaluated; every rank runs the same passes
+    for i in range(rounds * 2):
+        with_sync = (i % 2 == 0) == (i // 2 % 2 == 0)  # alternate which comes first
+        model.zero_grad(set_to_none=True)
+        dist.barrier()  # every pass starts together: no drift of one rank into the other's clock
+        t0 = time.perf_counter()
+        with (contextlib.nullcontext() if with_sync else model.no_sync()):
+            if amp is None:
+                loss = loss_fn(model(xb), yb)
+            else:
+                with amp:
+                    loss = loss_fn(model(xb), yb)
+            loss.backward()
+        if sync:
+            torch.cuda.synchronize()
+        timed[with_sync].append(time.perf_counter() - t0)
+    model.zero_grad(set_to_none=True)
+    synced, alone = statistics.median(timed[True]), statistics.median(timed[False])
+    return {"sync_pass_seconds_median": synced, "no_sync_pass_seconds_median": alone,
+            "added_seconds": synced - alone, "rounds": rounds}
+
+
+def weights_checksum(model: nn.Module) -> float:
+    """Sum of |w| over the trainable weights: equal on every worker of a synchronous cell."""
+    with torch.no_grad():
+        return float(sum(p.detach().abs().sum().double().item() for p in model.parameters() if p.requires_grad))
+
+
+def _exchange(timer: _ExchangeTimer, log: EventLog, probe: dict[str, Any] | None,
+              backend: str | None = None) -> dict[str, Any]:
+    """The gradient-exchange measurement of this worker (docs/HARNESS.md)."""
+    per_step = timer.per_step[log.warmup_steps:] or timer.per_step
+    steps = [t1 - t0 for _, t0, t1, _ in (log.steps[log.warmup_steps:] or log.steps)]
+    median = statistics.median(per_step) if per_step else None
+    step_median = statistics.median(steps) if steps else None
+    out: dict[str, Any] = {
+        "method": "DDP comm hook: all-reduce of each gradient bucket timed from its launch to its end, "
+                  "summed per step (overlaps the backward pass); plus a probe: forward+backward with "
+                  "and without (no_sync) the all-reduce, difference of medians",
+        "backend": backend,
+        "seconds_median": median,
+        "fraction_of_step": median / step_median if median is not None and step_median else None,
+    }
+    if probe:
+        out.update(probe)
+    return out
 
 
 # --- models ----------------------------------------------------------------------------

@@ -17,6 +17,15 @@ the first call traces and optimises the graph and is the first (warm-up) step.  
 takes 0.2 ms after a 0.5 s call); on a GPU the step is followed by
 ``tf.test.experimental.sync_devices()`` inside the clock.
 
+Multi-worker cells (``workers`` × ``nodes`` > 1, started by the launcher with ``TF_CONFIG``):
+``MultiWorkerMirroredStrategy`` (ring all-reduce on the CPU, NCCL on GPUs), created in
+``configure`` before any other TensorFlow op, as TensorFlow requires.  Every worker gets the
+same global batch and its replica takes every ``world``-th sample from its rank (the
+``MirroredStrategy`` code path); the optimizer all-reduces (sums) the gradients of a loss
+divided by the global batch.  Only rank 0 evaluates.  TensorFlow's gRPC servers listen on
+every interface: the launcher runs the workers in a network namespace with only loopback
+(local executor) or in one container without network (docker).
+
 Fidelity to the framework-neutral definitions (docs/frameworks/tensorflow.md):
 
 - Convolutions: ``padding="same"`` where it equals the symmetric padding of the layer list
@@ -34,12 +43,14 @@ from __future__ import annotations
 import collections
 import math
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import HarnessError
+from .. import distributed
 from ..data import Dataset, Split
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
@@ -54,6 +65,8 @@ POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp1
 
 tf: Any = None     # tensorflow, imported by configure() after the environment switches
 keras: Any = None  # keras 3 (TensorFlow backend)
+_MULTI_WORKER: Any = None  # the MultiWorkerMirroredStrategy of a multi-worker cell (configure)
+EXCHANGE_PROBE_ROUNDS = 8
 
 
 # --- the protocol ----------------------------------------------------------------------
@@ -98,6 +111,13 @@ def configure(params: dict[str, Any]) -> None:
     import keras as keras_module
 
     tf, keras = tensorflow, keras_module
+    global _MULTI_WORKER
+    if distributed.current().distributed and _MULTI_WORKER is None:
+        # before any other op (it sets up the collective runtime and this worker's gRPC server)
+        implementation = (tf.distribute.experimental.CommunicationImplementation.NCCL if params["device"] == "gpu"
+                          else tf.distribute.experimental.CommunicationImplementation.RING)
+        _MULTI_WORKER = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
     try:  # the pools start with the first op: only possible before it
         if params["interop_threads"] != "unset":
             tf.config.threading.set_inter_op_parallelism_threads(params["interop_threads"])
@@ -139,6 +159,10 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         "keras_backend": keras.backend.backend(),
         "thread_census": census,
     }
+    if _MULTI_WORKER is not None:
+        ctx = distributed.current()
+        in_force.update(rank=ctx.rank, world_size=ctx.world,
+                        replicas_in_sync=_MULTI_WORKER.num_replicas_in_sync)
     mismatches = []
     for key in ("threads", "interop_threads"):
         if params[key] != "unset" and params[key] != in_force[key]:
@@ -170,10 +194,12 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         optimizer.build(net.model.trainable_variables)
     log.emit("model", name=params["model"], parameters=trainable_parameters(net.model),
              flops=forward_flops(params["model"], dataset.shape, dataset.classes))
+    ctx = distributed.current()
     step = train_step(net.model, optimizer, params["weight_decay"], dataset.shape, params["layout"],
-                      placement.strategy)
+                      placement.strategy, local_results=ctx.distributed)
     evaluate_fn = eval_step(net.model, dataset.shape, params["layout"])
     iterations = params["iterations"]
+    batch = distributed.global_batch(params) if ctx.distributed else params["batch_size"]
     notes = []
     if params["warmup_steps"] == 0:
         notes.append("warmup_steps is 0: step 0 includes tracing and optimising the tf.function")
@@ -183,11 +209,14 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         budget = iterations - done if iterations else None
         with placement.scope():
             steps, loss, accuracy, seconds = _train_epoch(
-                step, x_train, y_train, epoch=epoch, seed=params["seed"], batch_size=params["batch_size"],
-                budget=budget, sync=placement.sync, record=log.steps.append)
+                step, x_train, y_train, epoch=epoch, seed=params["seed"], batch_size=batch,
+                budget=budget, sync=placement.sync, record=log.steps.append, ctx=ctx)
             done += steps
-            test_loss, test_accuracy, test_seconds = evaluate(evaluate_fn, x_test, y_test,
-                                                              params["eval_batch_size"], placement.sync)
+            if ctx.chief:
+                test_loss, test_accuracy, test_seconds = evaluate(evaluate_fn, x_test, y_test,
+                                                                  params["eval_batch_size"], placement.sync)
+            else:  # only rank 0 evaluates
+                test_loss = test_accuracy = test_seconds = None
         diverged = not math.isfinite(loss)
         log.epoch(epoch=epoch, steps=steps, train_loss=loss, train_accuracy=accuracy, test_loss=test_loss,
                   test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds)
@@ -196,7 +225,13 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
             return TrainOutcome(diverged=True, notes=notes, model=net,
                                 peak_device_memory_bytes=placement.peak_memory())
         epoch += 1
-    return TrainOutcome(notes=notes, model=net, peak_device_memory_bytes=placement.peak_memory())
+    exchange = None
+    if ctx.distributed:
+        with placement.scope():
+            exchange = _exchange_probe(net.model, placement.strategy, x_train, y_train, batch, dataset.shape,
+                                       params["layout"], log)
+    return TrainOutcome(notes=notes, model=net, peak_device_memory_bytes=placement.peak_memory(),
+                        exchange=exchange)
 
 
 def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
@@ -334,6 +369,13 @@ class Placement:
 
 
 def _placement(params: dict[str, Any]) -> Placement:
+    if _MULTI_WORKER is not None:  # one replica per worker: its CPU, or its one GPU
+        gpu = params["device"] == "gpu"
+        if gpu and not tf.config.list_physical_devices("GPU"):
+            raise HarnessError("device 'gpu' was asked but this worker's TensorFlow sees no GPU")
+        placement = Placement("/GPU:0" if gpu else "/CPU:0", _MULTI_WORKER, 1 if gpu else 0)
+        placement.reset_peak_memory()
+        return placement
     if params["device"] != "gpu":
         return Placement("/CPU:0")
     gpus = tf.config.list_physical_devices("GPU")
@@ -473,11 +515,13 @@ def _signature(shape: tuple[int, int, int], layout: str) -> Any:
 
 
 def train_step(model: Any, optimizer: Any, weight_decay: float, shape: tuple[int, int, int], layout: str,
-               strategy: Any = None) -> Callable[[Any, Any], tuple[Any, Any]]:
+               strategy: Any = None, local_results: bool = False) -> Callable[[Any, Any], tuple[Any, Any]]:
     """``step(x, y) -> (summed loss, correct count)``: forward, loss, backward, update, one graph.
 
     With a MirroredStrategy each replica takes every n-th sample of the batch; the loss is
     divided by the whole batch so that the optimizer's all-reduce (sum) gives the mean.
+    ``local_results`` (multi-worker): the loss and count of this worker's replica, not summed
+    over the workers (which would be one more collective inside every step).
     """
     variables = model.trainable_variables
     replicas = strategy.num_replicas_in_sync if strategy is not None else 1
@@ -505,6 +549,9 @@ def train_step(model: Any, optimizer: Any, weight_decay: float, shape: tuple[int
         if strategy is None:
             return replica_step(x, y, total)
         loss_sum, correct = strategy.run(replica_step, args=(x, y, total))
+        if local_results:
+            return (tf.add_n(strategy.experimental_local_results(loss_sum)),
+                    tf.add_n(strategy.experimental_local_results(correct)))
         return (strategy.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None),
                 strategy.reduce(tf.distribute.ReduceOp.SUM, correct, axis=None))
 
@@ -531,32 +578,94 @@ def predict_step(model: Any, shape: tuple[int, int, int], layout: str) -> Callab
 
 def _train_epoch(step: Callable[[Any, Any], tuple[Any, Any]], x: Any, y: Any, *, epoch: int, seed: int,
                  batch_size: int, budget: int | None, sync: Callable[[], None],
-                 record: Callable[[StepSample], None]) -> tuple[int, float, float, float]:
+                 record: Callable[[StepSample], None],
+                 ctx: distributed.Context | None = None) -> tuple[int, float, float, float]:
     """One pass (or ``budget`` steps) over the shuffled data: (steps, loss, accuracy, seconds).
 
     Only the ``step`` call (and, on a GPU, the device sync) sits between the two clock
     readings; the per-batch loss sums and correct counts stay tensors until the epoch ends.
+    A worker of a multi-worker cell (``ctx``): ``batch_size`` is the global batch, every worker
+    passes the same one and its replica takes its share; loss and accuracy are its own.
     """
+    ctx = ctx or distributed.Context()
     t_epoch = time.perf_counter()
     n = int(y.shape[0])
     order = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed=[seed, epoch])
     xs, ys = tf.gather(x, order), tf.gather(y, order)
-    stop = n if budget is None else min(n, budget * batch_size)
+    starts = distributed.batch_starts(n, batch_size, ctx.world, budget)
+    if not starts and ctx.distributed:
+        raise HarnessError(f"the training set ({n} samples) is smaller than the {ctx.world} workers")
     sums, counts = [], []
-    for start in range(0, stop, batch_size):
-        xb, yb = xs[start:start + batch_size], ys[start:start + batch_size]
+    seen = 0
+    for start, size in starts:
+        xb, yb = xs[start:start + size], ys[start:start + size]
         t0 = time.perf_counter()
         loss_sum, correct = step(xb, yb)
         sync()
         t1 = time.perf_counter()
-        record((epoch, t0, t1, min(batch_size, n - start)))
+        record((epoch, t0, t1, ctx.recorded_images(size)))
         sums.append(loss_sum)
         counts.append(correct)
-    seen = min(stop, n)
+        seen += distributed.local_count(size, ctx.rank, ctx.world)
     loss_value = float(tf.add_n(sums).numpy()) if sums else math.nan
     correct_value = int(tf.add_n(counts).numpy()) if counts else 0
     seconds = time.perf_counter() - t_epoch
     return len(sums), loss_value / seen, correct_value / seen, seconds
+
+
+def _exchange_probe(model: Any, strategy: Any, x: Any, y: Any, batch: int, shape: tuple[int, int, int],
+                    layout: str, log: EventLog, rounds: int = EXCHANGE_PROBE_ROUNDS) -> dict[str, Any]:
+    """After training (every worker, the same calls): forward + backward of this worker's share
+    of the first global batch, alone and followed by an all-reduce (SUM) of the gradients across
+    the workers, ``rounds`` each, alternating, each after an untimed one-number all-reduce (a
+    barrier), after one untimed call of each (tracing); no update.  The difference of the medians is the time the exchange adds to a step.
+    TensorFlow exposes no hook into the optimizer's own all-reduce, so this is the only
+    measure of it."""
+    variables = model.trainable_variables
+    checksum = float(sum(float(tf.reduce_sum(tf.abs(tf.cast(v, tf.float64))).numpy()) for v in variables))
+    replicas = strategy.num_replicas_in_sync
+    size = min(batch, int(y.shape[0]))
+    xb, yb = x[:size], y[:size]
+
+    def grads(xs: Any, ys: Any) -> Any:
+        rid = tf.distribute.get_replica_context().replica_id_in_sync_group
+        xs, ys = xs[rid::replicas], ys[rid::replicas]
+        with tf.GradientTape() as tape:
+            logits = tf.cast(model(xs, training=True), tf.float32)
+            loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=ys, logits=logits)) / size
+        return tape.gradient(loss, variables)
+
+    def alone(xs: Any, ys: Any) -> Any:
+        return tf.add_n([tf.reduce_sum(g) for g in grads(xs, ys)])
+
+    def exchanged(xs: Any, ys: Any) -> Any:
+        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads(xs, ys))
+        return tf.add_n([tf.reduce_sum(g) for g in summed])
+
+    def together() -> Any:
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))
+
+    calls = {False: tf.function(lambda a, b: strategy.run(alone, args=(a, b))),
+             True: tf.function(lambda a, b: strategy.run(exchanged, args=(a, b)))}
+    barrier = tf.function(lambda: strategy.run(together))
+    for call in calls.values():  # trace
+        strategy.experimental_local_results(call(xb, yb))[0].numpy()
+    timed: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(rounds * 2):
+        with_exchange = (i % 2 == 0) == (i // 2 % 2 == 0)
+        strategy.experimental_local_results(barrier())[0].numpy()  # start together (untimed)
+        t0 = time.perf_counter()
+        strategy.experimental_local_results(calls[with_exchange](xb, yb))[0].numpy()
+        timed[with_exchange].append(time.perf_counter() - t0)
+    synced, own = statistics.median(timed[True]), statistics.median(timed[False])
+    steps = [t1 - t0 for _, t0, t1, _ in (log.steps[log.warmup_steps:] or log.steps)]
+    step_median = statistics.median(steps) if steps else None
+    added = synced - own
+    return {"method": "probe after training: forward+backward of the worker's share with and without an "
+                      "all-reduce (SUM, ring) of the gradients across the workers, difference of medians",
+            "seconds_median": added, "fraction_of_step": added / step_median if step_median else None,
+            "sync_pass_seconds_median": synced, "no_sync_pass_seconds_median": own,
+            "added_seconds": added, "rounds": rounds, "weights_checksum": checksum}
 
 
 def evaluate(step: Callable[[Any, Any], tuple[Any, Any]], x: Any, y: Any, batch_size: int,

@@ -1,0 +1,145 @@
+"""One task of a matrun Slurm job array: ``python -m matrun.runner.slurm_task TASKS_JSON``.
+
+Started by the constant batch script of ``runner/executors/slurm.py`` on the node Slurm chose.
+``SLURM_ARRAY_TASK_ID`` picks the run in ``tasks.json``; the run directory already holds the
+``spec.json`` the sweep wrote.  The task records itself (``slurm.json``: job, node, host, start),
+runs the cell with the docker executor exactly as ``matrun sweep --executor docker`` would, and
+writes ``result.json`` last (executor ``slurm``).  It exits 0 for an ok run, 1 otherwise, so
+Slurm's own state (COMPLETED / FAILED) agrees with the run.
+
+The container is not a child of the task: Slurm's process tracking cannot see it.  So the task
+traps SIGTERM and SIGINT (scancel, the time limit, a node shutdown): the docker executor
+removes the container, any container of this run the engine still holds is removed too (one
+created in the instant the signal came), and the task exits 143 without a result.  The sweep
+then writes the run's result from Slurm's state (cancelled, timeout, …).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+TASK_RECORD = "slurm.json"
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT arrived: stop the cell, record nothing."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: Any) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):  # once is enough: let the clean-up finish
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except Stopped as stop:  # before the run was recorded: nothing ran
+        return 128 + stop.signum
+
+
+def _main(args: list[str]) -> int:
+    if len(args) != 1 or "SLURM_ARRAY_TASK_ID" not in os.environ:
+        print("usage: SLURM_ARRAY_TASK_ID=N python -m matrun.runner.slurm_task TASKS_JSON "
+              "(started by matrun's Slurm batch script)", file=sys.stderr)
+        return 2
+    from matrun.runner.bundle import SPEC, RunKey, write_json_atomic
+
+    index = int(os.environ["SLURM_ARRAY_TASK_ID"])
+    tasks = json.loads(Path(args[0]).read_text())
+    entry = tasks["tasks"][index]
+    run_dir = Path(entry["run_dir"])
+    spec = json.loads((run_dir / SPEC).read_text())
+    key = RunKey(spec["sweep"], spec["cell_id"], int(spec["repeat"]), int(spec["attempt"]))
+    if (key.cell_id, key.repeat, key.attempt) != (entry["cell_id"], int(entry["repeat"]), int(entry["attempt"])):
+        print(f"{run_dir}: spec.json does not match tasks.json entry {index}", file=sys.stderr)
+        return 2
+
+    from matrun.runner.sweep import host_info
+
+    host = host_info()
+    record = {
+        "schema_version": 1, "job_id": os.environ.get("SLURM_JOB_ID"),
+        "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"), "array_task_id": index,
+        "node": os.environ.get("SLURMD_NODENAME"), "gpus": os.environ.get("SLURM_JOB_GPUS"),
+        "started_at": datetime.now(timezone.utc).isoformat(), "started_unix": time.time(),
+        "process_started_unix": _process_start(), "pid": os.getpid(), "host": host,
+    }
+    write_json_atomic(run_dir / TASK_RECORD, record)
+    try:
+        return _run(run_dir, spec, key, host)
+    except Stopped as stop:
+        _remove_leftovers(key)
+        record.update(stopped_at=datetime.now(timezone.utc).isoformat(), signal=signal.Signals(stop.signum).name)
+        write_json_atomic(run_dir / TASK_RECORD, record)
+        print(f"[matrun] {signal.Signals(stop.signum).name}: the cell's container was removed; Slurm's state "
+              "decides the run's status", file=sys.stderr)
+        return 128 + stop.signum
+
+
+def _run(run_dir: Path, spec: dict[str, Any], key: Any, host: dict[str, Any]) -> int:
+    from matrun.runner.executors.base import RunOutcome, RunRequest
+    from matrun.runner.executors.docker import DockerExecutor
+    from matrun.runner.executors.slurm import task_params
+    from matrun.runner.sweep import write_result
+
+    params = task_params(spec["params"], os.environ)
+    request = RunRequest(run_dir=run_dir, params=params, env_id=spec["env_id"],
+                         timeout=float(spec["params"]["timeout"]), data_dir=Path(spec["data_dir"]))
+    started = datetime.now(timezone.utc).isoformat()
+    t0 = time.monotonic()
+    try:
+        outcome = DockerExecutor().run(request)
+    except Exception as exc:  # no engine on this node, no image built from the recipe, …
+        outcome = RunOutcome(status="failed", exit_code=None,
+                             error_tail=f"[matrun] the Slurm task could not run the cell on "
+                                        f"{host.get('hostname')}: {exc}",
+                             started_at=started, ended_at=datetime.now(timezone.utc).isoformat(),
+                             wall_seconds=round(time.monotonic() - t0, 3))
+        for name in ("stdout.log", "stderr.log"):
+            (run_dir / name).touch()
+    write_result(key, run_dir, spec["env_id"], "slurm", host, outcome)
+    return 0 if outcome.status == "ok" else 1
+
+
+def _process_start() -> float | None:
+    """When Slurm started the batch script (this process, before its exec of Python): its start
+    in clock ticks since boot against the uptime now (psutil's create_time rounds the boot time
+    to whole seconds)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _remove_leftovers(key: Any) -> None:
+    """Remove any container of this run the engine still has (labels set at create)."""
+    try:
+        from matrun.runner.engine import connect
+
+        client = connect(timeout=10)
+        labels = [f"matrun.sweep={key.sweep}", f"matrun.cell={key.cell_id}",
+                  f"matrun.run={key.repeat}-{key.attempt}"]
+        for container in client.containers.list(all=True, filters={"label": labels}):
+            container.remove(force=True)
+    except Exception:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,456 @@
+"""`matrun sweep --executor slurm` on a real one-node Slurm cluster (Debian's Slurm 22.05, started
+by the session's ``slurm_cluster`` fixture), each task running its cell with the docker executor
+on the real Docker engine: a sweep ingested end to end, failures with their exit codes, a task
+killed at its time limit recorded as timeout, cancel and Ctrl-C leaving no job and no container,
+--detach picked up by a later sweep or ingest; and the pure parts: sbatch arguments argument by
+argument, hostile values refused, squeue / jobcomp parsing.
+
+The Slurm time-limit test needs Slurm's own clock (limits are whole minutes, checked every 30 s):
+its sweep is submitted early (``timeout_sweep``) and runs beside the other tests on the second
+CPU; the last test collects it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from matrun.errors import MatrixError
+from matrun.runner.executors.slurm import (
+    BATCH_SCRIPT, array_arguments, cpus_per_task, sbatch_resources, task_params,
+)
+from matrun.runner.matrix import load_matrix, parse_matrix
+from matrun.runner.slurm import (
+    SlurmSettings, decode_exit, expand_indices, parse_jobcomp, parse_squeue_json, time_limit_minutes,
+)
+
+MATRUN = [str(Path(sys.executable).with_name("matrun"))]
+TINY = {"dataset": "synthetic", "synthetic_train": 256, "synthetic_test": 128, "batch_size": 32, "epochs": 1,
+        "warmup_steps": 2, "threads": 1, "cpuset": "0", "onednn_check": False}
+LONG = {"synthetic_train": 200000, "synthetic_shape": [3, 64, 64], "epochs": 50}
+
+
+def matrun(*args: str, cwd: Path, cluster, check: bool = True, timeout: float = 240) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*MATRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **cluster.env})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"matrun {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def sql(db: Path, query: str) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(query).fetchall()
+    finally:
+        con.close()
+
+
+def write_matrix(directory: Path, body: str = "", *, slurm: str = "", fixed: dict | None = None) -> str:
+    """A slurm matrix in ``directory`` (tiny synthetic cells, ``fixed`` over them); returns its
+    (unique) sweep name."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"s{uuid.uuid4().hex[:10]}"
+    values = {**TINY, **(fixed or {})}
+    lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in values.items())
+    (directory / "matrix.toml").write_text(
+        f'[sweep]\nname = "{name}"\nexecutor = "slurm"\ntimeout = 600\n'
+        f'[slurm]\npoll_interval = 1\ngrace = 1\n{slurm}\n[fixed]\n{lines}\n{body}')
+    return name
+
+
+def squeue_tasks(cluster) -> list[dict]:
+    out = subprocess.run(["squeue", "--json", "-t", "all"], env={**os.environ, **cluster.env},
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["jobs"]
+
+
+def active_jobs(cluster, name: str) -> list[dict]:
+    return [j for j in squeue_tasks(cluster) if j["name"] == f"matrun-{name}"
+            and j["job_state"] in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING")]
+
+
+def containers_of(client, sweep: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"matrun.sweep={sweep}"})
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.25)
+
+
+# --- pure: sbatch arguments, validation, Slurm's records ----------------------------------------
+
+def _cells(tmp_path: Path, text: str):
+    path = tmp_path / "m.toml"
+    path.write_text(text)
+    return load_matrix(path)
+
+
+def test_sbatch_arguments_are_exact(tmp_path):
+    m = _cells(tmp_path, '[sweep]\nname = "x"\ntimeout = 100\n[fixed]\nthreads = 1\n'
+                         '[[include]]\ncpuset = "0-1"\nmemory_limit = "1g"\n'
+                         '[[include]]\nthreads = 4\n'
+                         '[[include]]\nthreads = "unset"\n'
+                         '[[include]]\ndevice = "gpu"\nvariant = "cuda"\ngpus = 2\ntimeout = 3000\n')
+    cpu, four, unset, gpu = (dict(c.values) for c in m.cells[-4:])  # after the [fixed]-only cell
+    default = SlurmSettings()
+    assert sbatch_resources(cpu, default, job_name="matrun-x") == [
+        "--job-name=matrun-x", "--cpus-per-task=2", "--mem=1536M", "--time=7", "--exclusive", "--no-requeue"]
+    assert [cpus_per_task(four), cpus_per_task(unset)] == [4, 1]
+    assert [cpus_per_task({**four, "workers": 2}), cpus_per_task({**unset, "workers": 3})] == [4, 3]
+    site = SlurmSettings(partition="gpu,debug", account="proj-1", qos="high", exclusive=False, time_margin=0,
+                         max_time=30, sbatch_args=("--constraint=a100&nvlink", "--contiguous"))
+    assert sbatch_resources(gpu, site, job_name="matrun-x") == [
+        "--job-name=matrun-x", "--cpus-per-task=1", "--time=30", "--gres=gpu:2", "--partition=gpu,debug",
+        "--account=proj-1", "--qos=high", "--no-requeue", "--constraint=a100&nvlink", "--contiguous"]
+    assert time_limit_minutes(3000, SlurmSettings(time_margin=0)) == 50
+    assert time_limit_minutes(1, SlurmSettings(time_margin=0)) == 1
+    assert array_arguments(3, 0, Path("/r/s/.slurm/1")) == [
+        "--parsable", "--array=0-2", "--chdir=/r/s/.slurm/1", "--output=task-%a.log"]
+    assert array_arguments(5, 2, Path("/w"))[1] == "--array=0-4%2"
+    # The batch script is constant: the interpreter and tasks.json reach it as arguments.
+    assert '"$1"' in BATCH_SCRIPT and '"$2"' in BATCH_SCRIPT and "{" not in BATCH_SCRIPT
+    # A task hands its gpu cell the GPUs Slurm allocated, the first `gpus` of them.
+    assert task_params(gpu, {"SLURM_JOB_GPUS": "1,3,4"})["gpu_ids"] == [1, 3]
+    assert "gpu_ids" not in task_params(cpu, {"SLURM_JOB_GPUS": "0,1"})
+    assert "gpu_ids" not in task_params(gpu, {"SLURM_JOB_GPUS": "0;rm"})
+
+
+@pytest.mark.parametrize("section, message", [
+    ('partition = "debug;rm -rf /"', '[slurm -> partition] expected a partition name'),
+    ('partition = "a b"', '[slurm -> partition] expected a partition name'),
+    ('partition = "-p"', '[slurm -> partition] expected a partition name'),
+    ('partition = "$(id)"', '[slurm -> partition] expected a partition name'),
+    ('partition = "debug\\n#SBATCH --uid=0"', '[slurm -> partition] expected a partition name'),
+    ('account = "--wrap=id"', '[slurm -> account] expected an account name'),
+    ('qos = ""', '[slurm -> qos] expected a QOS name'),
+    ('sbatch_args = ["--wrap=id"]', "sbatch flag --wrap is not allowed here"),
+    ('sbatch_args = ["--output=/etc/passwd"]', "sbatch flag --output is not allowed here"),
+    ('sbatch_args = ["-p debug"]', "expected the long form --name=value"),
+    ('sbatch_args = ["--constraint=a\\nb"]', "--constraint needs a value of 1 to 256 printable characters"),
+    ('sbatch_args = "--constraint=x"', "expected a list of strings"),
+    ('python = "venv/bin/python"', "[slurm -> python] expected the absolute path"),
+    ('throttle = -1', "[slurm -> throttle] expected a whole number"),
+    ('exclusive = "yes"', "[slurm -> exclusive] expected true or false"),
+    ('nodes = 2', "[slurm -> nodes] unknown key"),
+])
+def test_hostile_or_wrong_slurm_settings_are_refused(section, message):
+    with pytest.raises(MatrixError) as err:
+        parse_matrix({"slurm": __import__("tomllib").loads(section), "sweep": {"name": "x"}}, path=Path("/m/matrix.toml"))
+    assert message in str(err.value)
+    assert str(err.value).startswith("matrix.toml: [slurm -> ")
+
+
+def test_the_slurm_example_of_the_matrix_docs_parses_as_described():
+    import re
+    import tomllib
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "MATRIX.md").read_text(encoding="utf-8")
+    example = re.search(r"## `\[slurm\]`.*?```toml\n(.*?)```", doc, flags=re.S).group(1)
+    m = parse_matrix({"sweep": {"name": "x"}, **tomllib.loads(example)}, path=Path("/m/matrix.toml"))
+    assert m.slurm == SlurmSettings(partition="gpu,debug", account="proj-42", qos="normal", exclusive=True,
+                                    throttle=4, time_margin=300.0, max_time=240,
+                                    sbatch_args=("--constraint=avx512", "--reservation=bench"),
+                                    python="/shared/venvs/matrun/bin/python", poll_interval=10.0, grace=30.0)
+
+
+def test_hostile_flags_are_refused_before_anything_is_submitted(tmp_path):
+    write_matrix(tmp_path)
+    env = {**os.environ, "SLURM_CONF": "/nonexistent/slurm.conf"}
+    for args, message in ((["--partition", "debug;id"], "--partition: expected a partition name"),
+                          (["--sbatch-arg", "--uid=0"], "--sbatch-arg: sbatch flag --uid is not allowed"),
+                          (["--executor", "docker", "--detach"], "--detach: only for --executor slurm")):
+        proc = subprocess.run([*MATRUN, "sweep", *args], cwd=tmp_path, capture_output=True, text=True, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").rglob("spec.json"))
+
+
+def test_multi_node_cells_are_refused_by_the_slurm_executor():
+    from matrun.runner.executors.slurm import SlurmExecutor
+
+    assert SlurmExecutor().refusal({"nodes": 2}) == (
+        "nodes = 2: the slurm executor runs each cell in one container on one node; multi-node cells are "
+        "not supported yet")
+    assert SlurmExecutor().refusal({"nodes": 1}) is None
+
+
+def test_squeue_and_jobcomp_records_are_read():
+    # squeue --json of Slurm 22.05 (wait status) and 23+ (objects, state lists); a pending array rest.
+    text = json.dumps({"jobs": [
+        {"job_id": 8, "array_job_id": 7, "array_task_id": 0, "name": "matrun-a", "job_state": "TIMEOUT",
+         "exit_code": 0, "start_time": 10, "end_time": 70, "nodes": "n1", "time_limit": 1},
+        {"job_id": 9, "array_job_id": 7, "array_task_id": 1, "name": "matrun-a", "job_state": "FAILED",
+         "exit_code": 127 << 8, "start_time": 11, "end_time": 12, "nodes": "n1"},
+        {"job_id": 7, "array_job_id": 7, "array_task_id": None, "array_task_string": "2-3%1",
+         "name": "matrun-a", "job_state": "PENDING", "exit_code": 0, "start_time": 0, "end_time": 0},
+        {"job_id": 12, "array_job_id": {"set": True, "number": 11}, "array_task_id": {"set": True, "number": 0},
+         "name": "matrun-a", "job_state": ["CANCELLED", "COMPLETING"],
+         "exit_code": {"status": "SIGNALED", "return_code": 0, "signal": {"id": 15, "name": "TERM"}}},
+        {"job_id": 13, "array_job_id": 7, "array_task_id": 5, "name": "someone-else", "job_state": "RUNNING"},
+    ]})
+    states = parse_squeue_json(text, job_ids=["7", "11"], job_name="matrun-a")
+    assert sorted(states) == [("11", 0), ("7", 0), ("7", 1), ("7", 2), ("7", 3)]
+    assert (states[("7", 0)].state, states[("7", 0)].time_limit) == ("TIMEOUT", 1)
+    assert (states[("7", 1)].exit_code, states[("7", 1)].signal) == (127, None)
+    assert states[("7", 3)].queued and states[("7", 3)].active
+    assert states[("11", 0)].state == "COMPLETING" and states[("11", 0)].signal == 15
+    assert decode_exit(9) == (None, 9) and decode_exit(256) == (1, None)
+    assert expand_indices("1,3,5-9:2%4") == [1, 3, 5, 7, 9]
+    log = ("JobId=8 UserId=root(0) GroupId=root(0) Name=matrun-a JobState=OUT_OF_MEMORY Partition=p "
+           "TimeLimit=5 StartTime=2026-01-01T00:00:00 EndTime=2026-01-01T00:01:00 NodeList=n1 NodeCnt=1 "
+           "ArrayJobId=7 ArrayTaskId=0 DerivedExitCode=0:0 ExitCode=0:9\n"
+           "JobId=20 Name=matrun-a JobState=COMPLETED ArrayJobId=0 ArrayTaskId=4294967294 ExitCode=0:0\n")
+    comp = parse_jobcomp(log, job_ids=["7"])
+    assert list(comp) == [("7", 0)]
+    assert (comp[("7", 0)].state, comp[("7", 0)].signal, comp[("7", 0)].end - comp[("7", 0)].start) == \
+        ("OUT_OF_MEMORY", 9, 60.0)
+
+
+def test_runs_slurm_ended_are_recorded_from_its_state_and_ingested(tmp_path):
+    # Slurm no longer lists the tasks in squeue (MinJobAge passed): their ends come from the
+    # jobcomp log; every task that started gets a result.json and lands in the warehouse.
+    from matrun.runner.executors.slurm import SweepJobs
+    from matrun.warehouse.ingest import ingest
+
+    sweep_dir = tmp_path / "results" / "sw"
+    tasks = []
+    for index in range(6):
+        run_dir = sweep_dir / f"{index:016x}" / "0-1"
+        run_dir.mkdir(parents=True)
+        (run_dir / "spec.json").write_text(json.dumps({
+            "schema_version": 1, "sweep": "sw", "cell_id": f"{index:016x}", "repeat": 0, "attempt": 1,
+            "env_id": "torch-cpu-abc", "data_dir": "/d", "params": {"framework": "torch"}}))
+        if index != 3:  # task 3 never started
+            (run_dir / "slurm.json").write_text(json.dumps({"started_at": "2026-01-01T00:00:10+00:00",
+                                                            "host": {"hostname": "n1"}}))
+        tasks.append({"index": index, "run_dir": str(run_dir), "cell_id": f"{index:016x}", "repeat": 0, "attempt": 1})
+    sub = sweep_dir / ".slurm" / "20260101T000000-1-0"
+    sub.mkdir(parents=True)
+    (sub / "tasks.json").write_text(json.dumps({"job_name": "matrun-sw", "tasks": tasks}))
+    (sub / "job.json").write_text(json.dumps({"job_id": "7", "cluster": "c", "submitted_at": 0, "grace": 5,
+                                              "uid": os.getuid(), "finalized": False}))
+    (sub / "task-0.log").write_text("slurmstepd: error: *** JOB 8 ON n1 CANCELLED AT 2026-01-01T00:01:10 "
+                                    "DUE TO TIME LIMIT ***\n")
+    line = ("JobId={j} Name=matrun-sw JobState={s} TimeLimit=1 StartTime=2026-01-01T00:00:10 "
+            "EndTime=2026-01-01T00:01:10 NodeList=n1 ArrayJobId=7 ArrayTaskId={i} ExitCode={e}\n")
+    log = "".join(line.format(j=8 + i, s=s_, i=i, e=e) for i, s_, e in (
+        (0, "TIMEOUT", "0:15"), (1, "OUT_OF_MEMORY", "0:9"), (2, "NODE_FAIL", "0:0"), (3, "CANCELLED", "0:0")))
+    t0 = time.time()  # task 5 ended just now (Slurm writes local time without a zone)
+    log += line.replace("EndTime=2026-01-01T00:01:10", "EndTime=" + time.strftime("%Y-%m-%dT%H:%M:%S",
+                        time.localtime(t0))).format(j=13, s="COMPLETED", i=5, e="0:0")
+
+    def query(ids, *, job_name, config, tasks):
+        assert (ids, job_name) == (["7"], "matrun-sw") and len(tasks) == 6
+        return parse_jobcomp(log, job_ids=ids, job_name=job_name)  # task 4: in no record at all
+
+    jobs = SweepJobs(sweep_dir, query=query, config={"ClusterName": "c"})
+    views = {v.entry.index: v for v in jobs.refresh(now=t0)}
+    assert {i: v.phase for i, v in views.items()} == {0: "finished", 1: "finished", 2: "finished", 3: "dropped",
+                                                      4: "ending", 5: "ending"}
+    assert {i: views[i].status for i in (0, 1, 2)} == {0: "timeout", 1: "oom", 2: "failed"}
+    assert not (sweep_dir / f"{3:016x}").exists()  # nothing ran: nothing is left
+    result = json.loads((Path(tasks[0]["run_dir"]) / "result.json").read_text())
+    assert (result["executor"], result["exit_code"], result["host"], result["wall_seconds"]) == \
+        ("slurm", None, {"hostname": "n1"}, 60.0)
+    assert "DUE TO TIME LIMIT" in result["error_tail"]
+    assert result["error_tail"].endswith("Slurm ended job 7_0 on n1: JobState=TIMEOUT (time limit 1 min), "
+                                         "killed by signal 15 [jobcomp]")
+    # After the grace: a COMPLETED task without its result, and one Slurm forgot, are failed runs.
+    views = {v.entry.index: v for v in jobs.refresh(now=t0 + 7)}
+    assert (views[4].status, views[5].status) == ("failed", "failed")
+    assert "Slurm no longer knows job 7_4" in json.loads((Path(tasks[4]["run_dir"]) / "result.json").read_text())[
+        "error_tail"]
+    assert json.loads((sub / "job.json").read_text())["finalized"] is True
+    report = ingest([sweep_dir], warehouse=tmp_path / "w.duckdb")
+    assert (len(report.ingested), report.skipped, report.incomplete) == (5, [], [])
+    assert sorted(r[0] for r in sql(tmp_path / "w.duckdb", "SELECT status FROM runs")) == \
+        ["failed", "failed", "failed", "oom", "timeout"]
+
+
+# --- a real cluster ------------------------------------------------------------------------------
+
+def test_the_cluster_runs_from_its_recorded_pids(slurm_cluster, tmp_path):
+    proc = matrun("slurm", "status", "--state-dir", str(slurm_cluster.state_dir), cwd=tmp_path, cluster=slurm_cluster)
+    for daemon, pid in slurm_cluster.pids.items():
+        assert f"{daemon} {pid}" in proc.stdout
+    assert "idle" in proc.stdout and "localhost" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_as_a_job_array_and_lands_in_duckdb(tmp_path, slurm_cluster, docker_client, torch_image, request):
+    name = write_matrix(tmp_path, "[axes]\nlr = [0.01, 0.02]\n")
+    proc = matrun("sweep", cwd=tmp_path, cluster=slurm_cluster)
+    assert "executor: slurm" in proc.stderr
+    assert "--cpus-per-task=1 --time=15 --exclusive --no-requeue" in proc.stderr  # (600 s + 300 s) / 60
+    assert "2 runs (2 ok)" in proc.stdout
+    rows = sql(tmp_path / "matrun.duckdb", "SELECT status, executor, image_id, accuracy IS NOT NULL, "
+                                           "throughput > 0, monitor_samples > 0 FROM runs")
+    assert rows == [("ok", "slurm", torch_image.image_id, True, True, True)] * 2
+    # One array, two tasks; what the tasks recorded, and Slurm's two records of them agree.
+    (sub,) = (tmp_path / "results" / name / ".slurm").iterdir()
+    job = json.loads((sub / "job.json").read_text())
+    assert job["finalized"] is True and job["sbatch"][:2] == ["--parsable", "--array=0-1"]
+    records = [json.loads(p.read_text()) for p in (tmp_path / "results" / name).glob("*/*/slurm.json")]
+    assert sorted(r["array_task_id"] for r in records) == [0, 1]
+    assert {r["array_job_id"] for r in records} == {job["job_id"]} and {r["node"] for r in records} == {"localhost"}
+    from matrun.runner.slurm import parse_jobcomp
+
+    comp = parse_jobcomp((slurm_cluster.state_dir / "jobcomp.log").read_text(), job_ids=[job["job_id"]])
+    live = parse_squeue_json(json.dumps({"jobs": squeue_tasks(slurm_cluster)}), job_ids=[job["job_id"]])
+    assert {k: (v.state, v.exit_code) for k, v in comp.items()} == \
+        {k: (v.state, v.exit_code) for k, v in live.items()} == {(job["job_id"], 0): ("COMPLETED", 0),
+                                                                  (job["job_id"], 1): ("COMPLETED", 0)}
+    status = matrun("status", cwd=tmp_path, cluster=slurm_cluster).stdout
+    assert "Slurm tasks: queued: 0, running: 0, done: 2, failed: 0" in status
+    assert containers_of(docker_client, name) == []
+    again = matrun("sweep", cwd=tmp_path, cluster=slurm_cluster)
+    assert "0 runs (nothing to run); 2 already done" in again.stdout
+    request.getfixturevalue("timeout_sweep")  # the node is free now: start the time-limit test's job
+
+
+@pytest.fixture(scope="module")
+def timeout_sweep(tmp_path_factory, slurm_cluster, torch_image):
+    """A long cell whose task's time limit (1 minute, the shortest Slurm has) is far below its
+    timeout, submitted detached on CPU 1 beside the other tests; collected by the last test."""
+    directory = tmp_path_factory.mktemp("timeout")
+    name = write_matrix(directory, fixed={**LONG, "cpuset": "1"}, slurm="exclusive = false\nmax_time = 1\n")
+    proc = matrun("sweep", "--detach", cwd=directory, cluster=slurm_cluster)
+    assert "--time=1 --no-requeue" in proc.stderr
+    return directory, name, time.monotonic()
+
+
+@pytest.mark.slow
+def test_failures_keep_their_exit_codes(tmp_path, slurm_cluster, docker_client, torch_image):
+    # A cell whose harness refuses its spec inside the container (exit 2), beside one that works.
+    name = write_matrix(tmp_path / "a", "[axes]\nsynthetic_shape = [[1, 4, 4], [1, 28, 28]]\n",
+                        slurm="exclusive = false")
+    proc = matrun("sweep", cwd=tmp_path / "a", cluster=slurm_cluster, check=False)
+    assert proc.returncode == 1 and "2 runs (1 failed, 1 ok)" in proc.stdout
+    ((exit_code, tail),) = sql(tmp_path / "a" / "matrun.duckdb",
+                               "SELECT exit_code, error_tail FROM runs WHERE status = 'failed'")
+    assert exit_code == 2 and "feature map vanishes" in tail
+    assert [j["job_state"] for j in squeue_tasks(slurm_cluster) if j["name"] == f"matrun-{name}"].count("FAILED") == 1
+    # A task that dies before it can write its result (no such interpreter on the node): Slurm's
+    # exit code and the task's log.  Submitted detached; `matrun ingest` records it from Slurm.
+    name = write_matrix(tmp_path / "b", slurm='exclusive = false\npython = "/nonexistent/bin/python3"')
+    matrun("sweep", "--detach", cwd=tmp_path / "b", cluster=slurm_cluster)
+    results = tmp_path / "b" / "results"
+    wait_for(lambda: not active_jobs(slurm_cluster, name), 60, "the task to fail")
+    time.sleep(1.2)  # grace: a task's own result.json may arrive late on a shared file system
+    ingested = matrun("ingest", str(results), "--warehouse", str(tmp_path / "b.duckdb"), cwd=tmp_path,
+                      cluster=slurm_cluster)
+    assert "recorded 1 run(s) Slurm ended from Slurm's state" in ingested.stderr
+    ((status, exit_code, executor, tail),) = sql(tmp_path / "b.duckdb",
+                                                 "SELECT status, exit_code, executor, error_tail FROM runs")
+    assert (status, exit_code, executor) == ("failed", 127, "slurm")
+    assert "/nonexistent/bin/python3: not found" in tail
+    assert "JobState=FAILED, exit code 127; the task ended without writing result.json" in tail
+
+
+@pytest.mark.slow
+def test_a_gpu_cell_gets_its_fake_gpu_from_slurm(tmp_path, slurm_cluster, torch_image):
+    # No CUDA image exists here: the task fails in the docker executor, but only after Slurm
+    # scheduled it on a node with GPUs (the submit host has none, and is not asked).
+    name = write_matrix(tmp_path, fixed={"device": "gpu", "variant": "cuda", "gpus": 1}, slurm="exclusive = false")
+    proc = matrun("sweep", cwd=tmp_path, cluster=slurm_cluster, check=False)
+    assert "--gres=gpu:1" in proc.stderr and "1 runs (1 failed)" in proc.stdout
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "results" / name).glob("*/*/slurm.json")]
+    assert record["gpus"] in ("0", "1")
+    (tail,) = sql(tmp_path / "matrun.duckdb", "SELECT error_tail FROM runs")[0]
+    assert "no image for torch:cuda built from the current recipe" in tail
+
+
+def test_a_job_sbatch_refuses_leaves_nothing_behind(tmp_path, slurm_cluster):
+    name = write_matrix(tmp_path)
+    proc = matrun("sweep", "--partition", "nosuch", cwd=tmp_path, cluster=slurm_cluster, check=False)
+    assert proc.returncode == 1
+    assert "Error: sbatch refused the job array: sbatch: error: invalid partition specified: nosuch" in proc.stderr
+    assert "Batch job submission failed: Invalid partition name specified" in proc.stderr
+    assert list((tmp_path / "results" / name).rglob("spec.json")) == []
+    assert list((tmp_path / "results" / name / ".slurm").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_cancel_leaves_no_job_and_no_container(tmp_path, slurm_cluster, docker_client, torch_image):
+    name = write_matrix(tmp_path, "[axes]\nlr = [0.01, 0.02]\n", fixed=LONG, slurm="exclusive = false\nthrottle = 1")
+    matrun("sweep", "--detach", cwd=tmp_path, cluster=slurm_cluster)
+    wait_for(lambda: [c for c in containers_of(docker_client, name) if c.status == "running"], 90,
+             "the first task's container")
+    status = matrun("status", cwd=tmp_path, cluster=slurm_cluster).stdout
+    assert "Slurm tasks: queued: 1, running: 1, done: 0, failed: 0" in status
+    proc = matrun("cancel", cwd=tmp_path, cluster=slurm_cluster)
+    assert "1 run(s) recorded as cancelled; 0 task(s) still ending" in proc.stdout
+    assert active_jobs(slurm_cluster, name) == []
+    assert containers_of(docker_client, name) == []
+    ((status_, tail),) = sql(tmp_path / "matrun.duckdb", "SELECT status, error_tail FROM runs")
+    assert status_ == "cancelled" and "JobState=CANCELLED" in tail
+    # The task Slurm never started left nothing behind; the next sweep runs both cells again.
+    assert len(list((tmp_path / "results" / name).glob("*/*/spec.json"))) == 1
+    assert "nothing to cancel" in matrun("cancel", cwd=tmp_path, cluster=slurm_cluster).stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_waiting_sweep_cancels_its_jobs(tmp_path, slurm_cluster, docker_client, torch_image):
+    name = write_matrix(tmp_path, fixed=LONG, slurm="exclusive = false")
+    sweep = subprocess.Popen([*MATRUN, "sweep"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, **slurm_cluster.env})
+    try:
+        wait_for(lambda: [c for c in containers_of(docker_client, name) if c.status == "running"], 90,
+                 "the task's container")
+        sweep.send_signal(signal.SIGINT)
+        out, err = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode != 0
+    assert "interrupted: cancelling the sweep's Slurm jobs" in err
+    assert active_jobs(slurm_cluster, name) == []
+    assert containers_of(docker_client, name) == []
+    assert sql(tmp_path / "matrun.duckdb", "SELECT status FROM runs") == [("cancelled",)]
+
+
+@pytest.mark.slow
+def test_detach_then_a_later_sweep_picks_the_runs_up(tmp_path, slurm_cluster, docker_client, torch_image):
+    name = write_matrix(tmp_path, fixed={"synthetic_train": 16384}, slurm="exclusive = false")
+    t0 = time.monotonic()
+    proc = matrun("sweep", "--detach", cwd=tmp_path, cluster=slurm_cluster)
+    assert time.monotonic() - t0 < 15
+    assert "submitted 1 runs as Slurm job" in proc.stdout and "matrun cancel" in proc.stdout
+    early = matrun("ingest", "results", cwd=tmp_path, cluster=slurm_cluster)  # the task has not ended yet
+    assert "1 run(s) still queued or running in Slurm" in early.stderr
+    assert "ingested 0 run(s), 0 unchanged, 0 skipped, 1 incomplete" in early.stdout
+    later = matrun("sweep", cwd=tmp_path, cluster=slurm_cluster)
+    assert "0 runs to do, 0 already done, 1 already queued or running in Slurm" in later.stderr
+    assert "1 runs (1 ok)" in later.stdout
+    assert len(list((tmp_path / "results" / name / ".slurm").iterdir())) == 1  # nothing submitted twice
+    assert sql(tmp_path / "matrun.duckdb", "SELECT status, executor FROM runs") == [("ok", "slurm")]
+    assert containers_of(docker_client, name) == []
+
+
+@pytest.mark.slow
+def test_a_task_over_its_time_limit_is_recorded_as_timeout(timeout_sweep, slurm_cluster, docker_client):
+    directory, name, submitted = timeout_sweep
+    proc = matrun("sweep", cwd=directory, cluster=slurm_cluster, check=False, timeout=200)
+    assert proc.returncode == 1, proc.stderr
+    assert "1 already queued or running in Slurm" in proc.stderr and "1 runs (1 timeout)" in proc.stdout
+    ((status, tail, wall),) = sql(directory / "matrun.duckdb", "SELECT status, error_tail, wall_seconds FROM runs")
+    assert status == "timeout" and "JobState=TIMEOUT (time limit 1 min)" in tail
+    assert 55 <= wall <= 130 and time.monotonic() - submitted < 200
+    assert containers_of(docker_client, name) == []
+    assert active_jobs(slurm_cluster, name) == []
