@@ -58,7 +58,7 @@ STUDY_VIEWS: dict[str, StudyView] = {
     "batch_resources": StudyView("framework, model, dataset, mode, config, batch_size, cell_id", "config"),
     "batch_lr_grid": StudyView("framework, model, dataset, config, batch_size, iterations, epochs, lr, cell_id",
                                "config"),
-    "worker_scaling": StudyView("framework, model, dataset, config, workers, batch_size, cell_id", "config"),
+    "worker_scaling": StudyView("framework, model, dataset, config, workers, global_batch, cell_id", "config"),
     "epoch_convergence": StudyView("framework, model, dataset, cell_id, epoch", "cell"),
     "layer_breakdown": StudyView("sweep, cell_id, layer_index", "sweep"),
     "layer_kinds": StudyView("sweep, cell_id, total_s DESC, kind", "sweep"),

@@ -539,7 +539,7 @@ def scaling_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Figure:
                                     rows.get_column("scaling").to_list())))
     for i, (config, ref, scaling) in enumerate(series):
         part = rows.filter((pl.col("config") == config) & (pl.col("ref_cell_id") == ref)).sort("workers").to_dicts()
-        batch = part[0]["per_worker_batch"] if scaling == "weak" else part[0]["batch_size"]
+        batch = part[0]["per_worker_batch"] if scaling == "weak" else part[0]["global_batch"]
         what = f"per-worker batch {batch:g}" if scaling == "weak" else f"global batch {batch:g}"
         name = plot_text(f"{labels.get(config, config)} · {scaling} ({what})")
         words = [plot_text(verdict_text(r.get("verdict"), r.get("p_value"), r.get("test"))) for r in part]

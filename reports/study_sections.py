@@ -359,7 +359,10 @@ def scaling_table(frame: pl.DataFrame, labels: Mapping[Any, str],
         Column("configuration", _label(labels, "config")),
         Column("workers", lambda r: num(fmt(r["workers"]))),
         Column("gpus · nodes", lambda r: f"{fmt(r['gpus'])} · {fmt(r['nodes'])}"),
-        Column("batch (per worker)", lambda r: num(fmt(r["batch_size"]), f"{fmt(r['per_worker_batch'])} per worker")),
+        Column("global batch (per worker)", lambda r: num(fmt(r["global_batch"]), f"{fmt(r['per_worker_batch'])} per worker")),
+        Column("exchange", lambda r: num(fmt_pct(r["exchange_fraction_median"], 0),
+                                         None if _missing(r["exchange_s_median"])
+                                         else f"{1000 * r['exchange_s_median']:.1f} ms per step")),
         Column("runs", lambda r: num(fmt(r["runs"]), _not_ok(r))),
         Column("images/s", lambda r: ci_cell(r, "throughput", levels, digits=1, noisy=True)),
         Column("train s", lambda r: ci_cell(r, "train_s", levels)),
@@ -371,8 +374,9 @@ def scaling_table(frame: pl.DataFrame, labels: Mapping[Any, str],
     return table_block("Scaling (A3, Table VIII; B4–B6; E Fig 10)", "scaling-table", frame, columns,
                        "worker_scaling.csv", row_class=_reference_row,
                        note="Speedup = throughput ÷ the 1-worker cell's (same per-worker batch: "
-                            "weak scaling, else same global batch: strong); efficiency = speedup "
-                            "÷ workers, 100 % is linear.")
+                            "weak scaling; same global batch: strong; the kind the cell declares); "
+                            "efficiency = speedup ÷ workers, 100 % is linear; exchange = the "
+                            "gradient exchange's share of a step, where the framework exposes it.")
 
 
 # --- convergence -----------------------------------------------------------------------------

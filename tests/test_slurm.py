@@ -293,6 +293,30 @@ def test_the_cluster_runs_from_its_recorded_pids(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slow
+def test_one_and_two_worker_ddp_cells_through_slurm_and_their_speedup(tmp_path, slurm_cluster, docker_client,
+                                                                      torch_image):
+    # Weak scaling on the node's two CPUs: one process with 2 threads against two gloo DDP
+    # workers of 1 thread each (one CPU each), 32 samples per worker per step.  Runs before the
+    # time-limit test's job takes CPU 1.
+    name = write_matrix(tmp_path, "[axes]\nworkers = [1, 2]\n",
+                        fixed={"threads": 2, "cpuset": "0-1", "synthetic_train": 2048, "scaling": "weak"})
+    proc = matrun("sweep", cwd=tmp_path, cluster=slurm_cluster)
+    assert "--cpus-per-task=2" in proc.stderr and "2 runs (2 ok)" in proc.stdout
+    db = tmp_path / "matrun.duckdb"
+    by_workers = dict(sql(db, "SELECT CAST(params ->> 'workers' AS INTEGER), throughput FROM runs"))
+    assert sorted(by_workers) == [1, 2] and all(t > 0 for t in by_workers.values())
+    summary = json.loads(sql(db, "SELECT summary FROM runs WHERE params ->> 'workers' = '2'")[0][0])
+    assert summary["workers"] == 2 and summary["global_batch"] == 64 and summary["replicas_identical"] is True
+    assert summary["exchange"]["backend"] == "gloo" and summary["exchange"]["seconds_median"] > 0
+    rows = sql(db, "SELECT workers, global_batch, per_worker_batch, scaling, speedup, efficiency, "
+                   "exchange_s_median FROM worker_scaling ORDER BY workers")
+    assert [r[:4] for r in rows] == [(1, 32, 32.0, "weak"), (2, 64, 32.0, "weak")]
+    assert rows[0][4] == 1.0 and rows[1][4] == pytest.approx(by_workers[2] / by_workers[1])
+    assert rows[1][5] == pytest.approx(rows[1][4] / 2) and rows[1][6] == summary["exchange"]["seconds_median"]
+    assert containers_of(docker_client, name) == []
+
+
+@pytest.mark.slow
 def test_a_sweep_runs_as_a_job_array_and_lands_in_duckdb(tmp_path, slurm_cluster, docker_client, torch_image, request):
     name = write_matrix(tmp_path, "[axes]\nlr = [0.01, 0.02]\n")
     proc = matrun("sweep", cwd=tmp_path, cluster=slurm_cluster)

@@ -47,7 +47,8 @@ MiB = 2**20
 CONTRACT = {
     "cell_stats": "cell_id, sweeps, env_id, framework, variant, blas, device, mode, model, dataset, "
                   "threads, interop_threads, batch_size, epochs, iterations, optimizer, lr, onednn, "
-                  "layout, precision, conv_algo, gpus, nodes, workers, preset, cpuset, seed, params, "
+                  "layout, precision, conv_algo, gpus, nodes, workers, scaling, global_batch, "
+                  "preset, cpuset, seed, params, "
                   "runs, failed_runs, timeout_runs, oom_runs, diverged_runs, mismatch_runs, "
                   "train_s_n, train_s_median, train_s_ci_low, train_s_ci_high, train_s_ci_level, "
                   "train_s_cv, train_s_noisy, train_s_values, "
@@ -59,7 +60,7 @@ CONTRACT = {
                   "throughput_ci_level, throughput_cv, throughput_noisy, throughput_values, "
                   "epoch_s_median, inference_s_median, onednn_primitives, cpu_user_median, "
                   "cpu_system_median, iowait_median, cpu_total_median, rss_avg_mb, rss_peak_mb, "
-                  "device_memory_peak_mb",
+                  "device_memory_peak_mb, exchange_s_median, exchange_fraction_median",
     "default_cells": "framework, model, dataset, device, mode, cell_id, candidates, note, preset, "
                      "threads, batch_size, epochs, optimizer, lr, runs, train_s_median, "
                      "train_s_ci_low, train_s_ci_high, test_s_median, accuracy_median, "
@@ -107,10 +108,12 @@ CONTRACT = {
                      "accuracy_ci_high, train_s_median, epoch_s_median, throughput_median, "
                      "best_accuracy",
     "worker_scaling": "config, framework, variant, model, dataset, device, mode, epochs, cell_id, "
-                      "gpus, nodes, workers, batch_size, per_worker_batch, runs, failed_runs, "
-                      "oom_runs, train_s_median, train_s_ci_low, train_s_ci_high, "
+                      "gpus, nodes, workers, batch_size, global_batch, per_worker_batch, runs, "
+                      "failed_runs, oom_runs, train_s_median, train_s_ci_low, train_s_ci_high, "
                       "throughput_median, throughput_ci_low, throughput_ci_high, "
-                      "throughput_noisy, accuracy_median, scaling, ref_cell_id, ref_batch_size, "
+                      "throughput_noisy, accuracy_median, exchange_s_median, "
+                      "exchange_fraction_median, scaling, ref_cell_id, ref_batch_size, "
+                      "ref_global_batch, "
                       "speedup, efficiency, time_speedup, accuracy_change, p_value, test, "
                       "significant, verdict",
     "epoch_convergence": "cell_id, framework, variant, model, dataset, device, threads, "
@@ -597,6 +600,49 @@ def test_worker_scaling(study: Path) -> None:
          "scaling": "weak", "ref_cell_id": "g5-gpus1", "speedup": 3.2, "efficiency": 0.8,
          "time_speedup": 2.5, "test": "interval overlap", "significant": False,
          "verdict": "not significant"},
+    ]
+
+
+def test_worker_scaling_of_multi_worker_cells_follows_the_declared_scaling(tmp_path: Path) -> None:
+    """Cells with ``workers`` (DDP and friends): with scaling = "weak" batch_size is per worker,
+    so the global batch is batch_size x workers x nodes; with "strong" it is batch_size.  The
+    reference is the 1-worker cell the cell declares, even when the other kind also exists."""
+    results = tmp_path / "results"
+    base = {**G1, "threads": 1, "model": "lenet5", "dataset": "mnist"}
+    weak, strong = {**base, "scaling": "weak"}, {**base, "scaling": "strong"}
+    exchange = {"exchange": {"method": "comm hook", "seconds_median": 0.02, "fraction_of_step": 0.25}}
+    _cell(results, "w1", [(100, 10, .8), (102, 10, .8)], {**weak, "workers": 1, "batch_size": 32})
+    _cell(results, "w2", [(170, 6, .8), (174, 6, .8)], {**weak, "workers": 2, "batch_size": 32},
+          summary=exchange)
+    _cell(results, "w2n2", [(300, 4, .8)], {**weak, "workers": 2, "nodes": 2, "batch_size": 32})
+    _cell(results, "s1", [(120, 9, .8)], {**strong, "workers": 1, "batch_size": 64})
+    _cell(results, "s1-b32", [(100, 10, .8)], {**strong, "workers": 1, "batch_size": 32})
+    _cell(results, "s2", [(180, 6, .8)], {**strong, "workers": 2, "batch_size": 64})
+    db = tmp_path / "w.duckdb"
+    ingest([results], warehouse=db)
+    rows = query(db, "SELECT cell_id, workers, batch_size, global_batch, per_worker_batch, scaling, "
+                     "ref_cell_id, ref_global_batch, speedup, efficiency, exchange_s_median, "
+                     "exchange_fraction_median FROM worker_scaling ORDER BY cell_id")
+    assert rows == [
+        {"cell_id": "s1", "workers": 1, "batch_size": 64, "global_batch": 64, "per_worker_batch": 64.0,
+         "scaling": "strong", "ref_cell_id": "s1", "ref_global_batch": 64, "speedup": 1.0,
+         "efficiency": 1.0, "exchange_s_median": None, "exchange_fraction_median": None},
+        {"cell_id": "s1-b32", "workers": 1, "batch_size": 32, "global_batch": 32, "per_worker_batch": 32.0,
+         "scaling": "strong", "ref_cell_id": "s1-b32", "ref_global_batch": 32, "speedup": 1.0,
+         "efficiency": 1.0, "exchange_s_median": None, "exchange_fraction_median": None},
+        # s1-b32 has s2's per-worker batch too, but s2 declares strong scaling: s1 it is
+        {"cell_id": "s2", "workers": 2, "batch_size": 64, "global_batch": 64, "per_worker_batch": 32.0,
+         "scaling": "strong", "ref_cell_id": "s1", "ref_global_batch": 64, "speedup": 1.5,
+         "efficiency": 0.75, "exchange_s_median": None, "exchange_fraction_median": None},
+        {"cell_id": "w1", "workers": 1, "batch_size": 32, "global_batch": 32, "per_worker_batch": 32.0,
+         "scaling": "weak", "ref_cell_id": "w1", "ref_global_batch": 32, "speedup": 1.0,
+         "efficiency": 1.0, "exchange_s_median": None, "exchange_fraction_median": None},
+        {"cell_id": "w2", "workers": 2, "batch_size": 32, "global_batch": 64, "per_worker_batch": 32.0,
+         "scaling": "weak", "ref_cell_id": "w1", "ref_global_batch": 32, "speedup": 172 / 101,
+         "efficiency": 172 / 101 / 2, "exchange_s_median": 0.02, "exchange_fraction_median": 0.25},
+        {"cell_id": "w2n2", "workers": 4, "batch_size": 32, "global_batch": 128, "per_worker_batch": 32.0,
+         "scaling": "weak", "ref_cell_id": "w1", "ref_global_batch": 32, "speedup": 300 / 101,
+         "efficiency": 300 / 101 / 4, "exchange_s_median": None, "exchange_fraction_median": None},
     ]
 
 

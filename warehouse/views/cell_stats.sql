@@ -7,7 +7,11 @@
 -- plus the sorted values the comparison views test.  Throughput is the harness's median
 -- images/s over the timed steps: warm-up steps are already left out.  A diverged run
 -- (NaN loss) stopped early: its train and test times are left out (its accuracy is NULL,
--- its throughput counts); diverged_runs counts it.  STUDIES.md A1
+-- its throughput counts); diverged_runs counts it.  workers is the cell's data-parallel
+-- world (max(params.workers, gpus) x nodes), global_batch the samples of one optimizer step
+-- (batch_size x workers x nodes with scaling = 'weak', else batch_size), exchange_s_median /
+-- exchange_fraction_median rank 0's gradient-exchange seconds per step and their share of the
+-- step, where the framework exposes them (summary.exchange; docs/HARNESS.md).  STUDIES.md A1
 -- (Tables VI-VII) is this view at the framework-default cells; the sweep views build on it.
 WITH r AS (
     SELECT
@@ -18,8 +22,15 @@ WITH r AS (
         x.diverged,
         coalesce(probe_blas(x.probe, o.framework), i.blas)            AS run_blas,
         TRY_CAST(x.params ->> 'nodes' AS INTEGER)                      AS nodes,
-        coalesce(TRY_CAST(x.params ->> 'workers' AS INTEGER),
-                 coalesce(o.gpus, 1) * coalesce(TRY_CAST(x.params ->> 'nodes' AS INTEGER), 1)) AS workers,
+        greatest(coalesce(TRY_CAST(x.params ->> 'workers' AS INTEGER), 1), coalesce(o.gpus, 1))
+            * coalesce(TRY_CAST(x.params ->> 'nodes' AS INTEGER), 1)   AS workers,
+        x.params ->> 'scaling'                                         AS scaling,
+        CASE WHEN x.params ->> 'scaling' = 'weak'
+             THEN o.batch_size * coalesce(TRY_CAST(x.params ->> 'workers' AS INTEGER), 1)
+                              * coalesce(TRY_CAST(x.params ->> 'nodes' AS INTEGER), 1)
+             ELSE o.batch_size END                                     AS global_batch,
+        TRY_CAST(x.summary -> 'exchange' ->> 'seconds_median' AS DOUBLE)   AS exchange_seconds,
+        TRY_CAST(x.summary -> 'exchange' ->> 'fraction_of_step' AS DOUBLE) AS exchange_fraction,
         CASE WHEN o.epochs > 0 AND coalesce(o.iterations, 0) = 0 AND NOT coalesce(x.diverged, false)
              THEN o.train_seconds / o.epochs END                       AS epoch_seconds
     FROM run_overview AS o
@@ -52,6 +63,8 @@ cells AS (
         any_value(gpus)                              AS gpus,
         any_value(nodes)                             AS nodes,
         any_value(workers)                           AS workers,
+        any_value(scaling)                           AS scaling,
+        any_value(global_batch)                      AS global_batch,
         any_value(preset)                            AS preset,
         any_value(cpuset)                            AS cpuset,
         any_value(seed)                              AS seed,
@@ -85,7 +98,9 @@ ok AS (
         median(cpu_total_avg)                                                AS cpu_total_median,
         median(rss_avg_bytes) / 1048576.0                                    AS rss_avg_mb,
         max(rss_peak_bytes) / 1048576.0                                      AS rss_peak_mb,
-        max(peak_device_memory_bytes) / 1048576.0                            AS device_memory_peak_mb
+        max(peak_device_memory_bytes) / 1048576.0                            AS device_memory_peak_mb,
+        median(exchange_seconds)                                             AS exchange_s_median,
+        median(exchange_fraction)                                            AS exchange_fraction_median
     FROM r
     WHERE status = 'ok'
     GROUP BY cell_id
@@ -114,7 +129,7 @@ SELECT
     throughput_cv, throughput_cv > 0.05 AS throughput_noisy, throughput_values,
     epoch_s_median, inference_s_median, onednn_primitives,
     cpu_user_median, cpu_system_median, iowait_median, cpu_total_median,
-    rss_avg_mb, rss_peak_mb, device_memory_peak_mb
+    rss_avg_mb, rss_peak_mb, device_memory_peak_mb, exchange_s_median, exchange_fraction_median
 FROM cells AS c
 LEFT JOIN ci USING (cell_id)
 ORDER BY c.framework, c.model, c.dataset, c.cell_id

@@ -1,14 +1,16 @@
 -- How well does training scale over GPUs / workers / nodes?  (STUDIES.md A3 Table VIII, B4
--- Fig 5, B5-B6 Figs 6-7, E Fig 10.)  workers = params.workers, else gpus x nodes (each 1
--- when unset): cells have `gpus` today, `workers` / `nodes` later.  One row per cell whose
--- configuration (every parameter but gpus, workers, nodes and batch_size, same environment)
--- was run with two or more worker counts.  batch_size is the global batch (split over the
--- workers, as torch DataParallel does), per_worker_batch = batch_size / workers.  The
--- reference is the 1-worker cell of the configuration with the same per-worker batch
--- (weak scaling), else with the same global batch (strong scaling); scaling says which,
--- NULL without a 1-worker cell.  speedup = throughput / ref throughput, efficiency =
--- speedup / workers (1: linear), time_speedup = ref train s / train s; p_value, test,
--- significant, verdict: two-sided Mann-Whitney on the runs' throughput (compare_samples).
+-- Fig 5, B5-B6 Figs 6-7, D weak scaling, E Fig 10.)  workers = max(params.workers, gpus) x
+-- nodes (cell_stats).  One row per cell whose configuration (every parameter but gpus,
+-- workers, nodes and batch_size; same environment) was run with two or more worker counts.
+-- global_batch is the samples of one optimizer step (batch_size x workers with scaling =
+-- 'weak', batch_size with 'strong' or a single-process gpus cell), per_worker_batch =
+-- global_batch / workers.  The reference is the configuration's 1-worker cell with the same
+-- per-worker batch (weak scaling) or the same global batch (strong scaling): the one the cell
+-- declares (params.scaling) when that cell exists, else the other, else NULL; scaling says
+-- which.  speedup = throughput / ref throughput, efficiency = speedup / workers (1: linear),
+-- time_speedup = ref train s / train s; exchange_s_median / exchange_fraction_median: the
+-- gradient exchange per step (cell_stats).  p_value, test, significant, verdict: two-sided
+-- Mann-Whitney on the runs' throughput (compare_samples).
 WITH s AS (
     SELECT *, config_id(params, ['gpus', 'workers', 'nodes', 'batch_size'], env_id) AS config
     FROM cell_stats
@@ -17,34 +19,42 @@ grp AS (
     SELECT config FROM s GROUP BY config HAVING count(DISTINCT workers) >= 2
 ),
 one AS (
-    SELECT config, cell_id, batch_size FROM s WHERE workers = 1 AND runs > 0
+    SELECT config, cell_id, global_batch FROM s WHERE workers = 1 AND runs > 0
 ),
 matched AS (
-    SELECT s.*,
-        coalesce(weak.cell_id, strong.cell_id) AS ref_cell_id,
-        CASE WHEN weak.cell_id IS NOT NULL THEN 'weak' WHEN strong.cell_id IS NOT NULL THEN 'strong' END AS scaling
+    SELECT s.*, weak.cell_id AS weak_ref, strong.cell_id AS strong_ref
     FROM s
     JOIN grp USING (config)
-    LEFT JOIN one AS weak ON weak.config = s.config AND weak.batch_size * s.workers = s.batch_size
-    LEFT JOIN one AS strong ON strong.config = s.config AND strong.batch_size = s.batch_size
+    LEFT JOIN one AS weak ON weak.config = s.config AND weak.global_batch * s.workers = s.global_batch
+    LEFT JOIN one AS strong ON strong.config = s.config AND strong.global_batch = s.global_batch
+),
+chosen AS (
+    SELECT * EXCLUDE (scaling, weak_ref, strong_ref),
+        CASE WHEN scaling = 'strong' THEN coalesce(strong_ref, weak_ref)
+             ELSE coalesce(weak_ref, strong_ref) END AS ref_cell_id,
+        CASE WHEN scaling = 'strong' AND strong_ref IS NOT NULL THEN 'strong'
+             WHEN weak_ref IS NOT NULL AND (scaling IS DISTINCT FROM 'strong' OR strong_ref IS NULL) THEN 'weak'
+             WHEN strong_ref IS NOT NULL THEN 'strong' END AS scaling
+    FROM matched
 ),
 pairs AS (
     SELECT m.*,
-        r.batch_size AS ref_batch_size,
+        r.batch_size AS ref_batch_size, r.global_batch AS ref_global_batch,
         r.train_s_median AS ref_train_s_median, r.throughput_median AS ref_throughput_median,
         r.accuracy_median AS ref_accuracy_median,
         CASE WHEN m.cell_id <> r.cell_id THEN compare_samples(m.throughput_values, r.throughput_values) END AS tcmp
-    FROM matched AS m
+    FROM chosen AS m
     LEFT JOIN cell_stats AS r ON r.cell_id = m.ref_cell_id
 )
 SELECT
     config, framework, variant, model, dataset, device, mode, epochs,
-    cell_id, gpus, nodes, workers, batch_size, batch_size::DOUBLE / workers AS per_worker_batch,
+    cell_id, gpus, nodes, workers, batch_size, global_batch,
+    global_batch::DOUBLE / workers AS per_worker_batch,
     runs, failed_runs, oom_runs,
     train_s_median, train_s_ci_low, train_s_ci_high,
     throughput_median, throughput_ci_low, throughput_ci_high, throughput_noisy,
-    accuracy_median,
-    scaling, ref_cell_id, ref_batch_size,
+    accuracy_median, exchange_s_median, exchange_fraction_median,
+    scaling, ref_cell_id, ref_batch_size, ref_global_batch,
     throughput_median / ref_throughput_median              AS speedup,
     throughput_median / ref_throughput_median / workers    AS efficiency,
     ref_train_s_median / train_s_median                    AS time_speedup,
@@ -55,4 +65,4 @@ SELECT
     CASE WHEN cell_id = ref_cell_id THEN 'reference'
          ELSE verdict(tcmp, true, 'faster', 'slower') END AS verdict
 FROM pairs
-ORDER BY framework, model, dataset, config, workers, batch_size, cell_id
+ORDER BY framework, model, dataset, config, workers, global_batch, cell_id
