@@ -106,6 +106,12 @@ def preflight(cells: Sequence[PlannedCell], data_dir: Path) -> None:
         if pc.cell.values["device"] == "gpu" and asked > gpus_here:
             raise MatrunError(f"cell {pc.cell.label}: asks for {asked} GPU(s); this host has {gpus_here} "
                               "(counted as /dev/nvidia<N> devices); run it on a GPU host or use device = \"cpu\"")
+    preflight_data(cells, data_dir)
+
+
+def preflight_data(cells: Sequence[PlannedCell], data_dir: Path) -> None:
+    """The datasets the cells read are present in ``data_dir`` (for a cluster: the nodes see
+    the same path on a shared file system)."""
     for dataset in sorted({pc.cell.values["dataset"] for pc in cells} - {"synthetic"}):
         try:
             cell_data.require(data_dir, dataset)

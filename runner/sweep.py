@@ -35,7 +35,8 @@ from matrun.runner.bundle import RESULT, SCHEMA_VERSION, SPEC, RunKey, next_atte
 from matrun.runner.executors import RunOutcome, RunRequest, get_executor
 from matrun.runner.matrix import Matrix, load_matrix
 from matrun.runner.plan import (
-    PlannedCell, done_runs, durations, parse_where, plan_cells, preflight, resolve_data_dir, select,
+    PlannedCell, done_runs, durations, parse_where, plan_cells, preflight, preflight_data, resolve_data_dir,
+    select,
 )
 
 INGEST_WAIT_S = 60.0
@@ -94,7 +95,7 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
     data_dir = resolve_data_dir(matrix)
     asynchronous = getattr(runner, "asynchronous", False)
     if asynchronous:  # cpusets and GPUs are the nodes', not this host's: only the data is checked here
-        _preflight_data(cells, data_dir)
+        preflight_data(cells, data_dir)
     else:
         preflight(cells, data_dir)
     _check_enforced(cells, runner)
@@ -272,20 +273,6 @@ class _Unnamed:
     @property
     def values(self) -> dict[str, Any]:
         return {}
-
-
-def _preflight_data(cells: Sequence[PlannedCell], data_dir: Path) -> None:
-    """The datasets the cells read are present (the nodes see the same paths on a shared file system)."""
-    from matrun.errors import DataError
-    from matrun.runner.harness import DataError as CellDataError
-    from matrun.runner.harness import data as cell_data
-
-    for dataset in sorted({pc.cell.values["dataset"] for pc in cells} - {"synthetic"}):
-        try:
-            cell_data.require(data_dir, dataset)
-        except CellDataError as exc:
-            raise DataError(f"dataset {dataset!r}: {exc}; or point [sweep] data_dir / MATRUN_DATA "
-                            f"at the directory holding {dataset}/") from None
 
 
 def cancel_sweep(*, matrix_path: Path, wait_s: float = CANCEL_WAIT_S,

@@ -72,10 +72,15 @@ def mxnet_env():
 REQUIRE_ENGINE = os.environ.get("MATRUN_REQUIRE_ENGINE") == "1"
 
 
-def engine_missing(reason: str):
-    if REQUIRE_ENGINE:
-        pytest.fail(f"MATRUN_REQUIRE_ENGINE=1 but {reason}", pytrace=False)
+def missing(reason: str, *, required: bool, variable: str):
+    """Skip with the reason, or fail where the variable (CI) says the thing must be there."""
+    if required:
+        pytest.fail(f"{variable}=1 but {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def engine_missing(reason: str):
+    missing(reason, required=REQUIRE_ENGINE, variable="MATRUN_REQUIRE_ENGINE")
 
 
 @pytest.fixture(scope="session")
@@ -139,9 +144,7 @@ REQUIRE_SLURM = os.environ.get("MATRUN_REQUIRE_SLURM") == "1"
 
 
 def slurm_missing(reason: str):
-    if REQUIRE_SLURM:
-        pytest.fail(f"MATRUN_REQUIRE_SLURM=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
+    missing(reason, required=REQUIRE_SLURM, variable="MATRUN_REQUIRE_SLURM")
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
-import duckdb
 import pytest
+from test_sweep import sql
 
 from matrun.errors import MatrixError
 from matrun.runner.executors.slurm import (
@@ -45,14 +45,6 @@ def matrun(*args: str, cwd: Path, cluster, check: bool = True, timeout: float = 
     if check and proc.returncode != 0:
         raise AssertionError(f"matrun {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
-
-
-def sql(db: Path, query: str) -> list[tuple]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(query).fetchall()
-    finally:
-        con.close()
 
 
 def write_matrix(directory: Path, body: str = "", *, slurm: str = "", fixed: dict | None = None) -> str:

@@ -107,7 +107,7 @@ CONTRACT = {
                      "diverged_runs, diverged, accuracy_n, accuracy_median, accuracy_ci_low, "
                      "accuracy_ci_high, train_s_median, epoch_s_median, throughput_median, "
                      "best_accuracy",
-    "worker_scaling": "config, framework, variant, model, dataset, device, mode, epochs, cell_id, "
+    "worker_scaling": "config, framework, variant, model, dataset, device, mode, epochs, kvstore, cell_id, "
                       "gpus, nodes, workers, batch_size, global_batch, per_worker_batch, runs, "
                       "failed_runs, oom_runs, train_s_median, train_s_ci_low, train_s_ci_high, "
                       "throughput_median, throughput_ci_low, throughput_ci_high, "

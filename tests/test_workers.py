@@ -102,7 +102,7 @@ def test_combinations_that_cannot_run_are_refused_at_plan_time():
     assert weak_any.values["batch_size"] == 33
     (mx,) = cells({"framework": "mxnet", "workers": 2, "kvstore": "dist_async"})
     assert mx.values["kvstore"] == "dist_async"
-    (multi,) = cells({"workers": 4, "nodes": 2})  # a plan for slurm; one-host executors refuse it
+    (multi,) = cells({"workers": 4, "nodes": 2})  # expressible; every executor refuses it (below)
     assert multi.values["nodes"] == 2
 
 
@@ -111,13 +111,13 @@ def test_nodes_over_one_are_refused_by_one_host_executors(tmp_path):
     assert host_refusal(params(), "local") is None
     for executor in (LocalExecutor(), DockerExecutor(client=object())):
         reason = executor.refusal(p)
-        assert reason == (f"nodes = 2: the {executor.name} executor runs a cell on one host; multi-node "
-                          "cells need --executor slurm")
+        assert reason == (f"nodes = 2: the {executor.name} executor runs a cell on one host, and no executor "
+                          "runs multi-node cells yet (slurm runs each cell on one node); use nodes = 1 and workers")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     outcome = LocalExecutor().run(RunRequest(run_dir=run_dir, params=p, env_id="e", timeout=10,
                                              data_dir=tmp_path))
-    assert outcome.status == "failed" and "multi-node cells need --executor slurm" in outcome.error_tail
+    assert outcome.status == "failed" and "no executor runs multi-node cells yet" in outcome.error_tail
     assert not (run_dir / PLAN_FILE).exists()  # nothing was started
 
 

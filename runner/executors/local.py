@@ -9,7 +9,6 @@ Matrix values reach the cell only through spec.json and environment variables, n
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ from matrun.runner.envs import ensure_env, env_spec, stage_harness
 from matrun.runner.executors.base import RunOutcome, RunRequest
 from matrun.runner.executors.workers import host_refusal, write_plan
 from matrun.runner.harness.distributed import MATRUN_ENV
+from matrun.runner.harness.launch import child_setup
 from matrun.runner.monitor import Monitor
 from matrun.runner.frameworks import get_framework
 from matrun.runner.params import cpuset_cpus
@@ -36,7 +36,6 @@ _DROP_NAMES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS", "V
                "NUMEXPR_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES",
                "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PORT",
                *MATRUN_ENV)
-_PR_SET_PDEATHSIG = 1
 _POLL_S = 0.05
 
 
@@ -66,18 +65,6 @@ def harness_command(python: Path, run_dir: Path, plan: Path | None = None) -> li
     if plan is not None:
         command += ["--launch", str(plan.absolute())]
     return command
-
-
-def _preexec(cpus: set[int]) -> Callable[[], None]:
-    def setup() -> None:
-        try:  # die with the host, whatever kills it
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:
-            pass
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-
-    return setup
 
 
 class LocalExecutor:
@@ -113,7 +100,7 @@ class LocalExecutor:
                 harness_command(env.python, run_dir, plan),
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=run_dir,
                 env=cell_environment(params, stage_harness()),
-                start_new_session=True, preexec_fn=_preexec(cpuset_cpus(params["cpuset"])),
+                start_new_session=True, preexec_fn=child_setup(cpuset_cpus(params["cpuset"])),
             )
             monitor = Monitor(proc.pid, run_dir / MONITOR).start()
             try:

@@ -159,9 +159,10 @@ def write_plan(run_dir: Path, params: Mapping[str, Any], *, network: str) -> Pat
 
 def host_refusal(params: Mapping[str, Any], executor: str) -> str | None:
     """Why a one-host executor (local, docker) cannot run this cell, or None: ``nodes`` > 1
-    needs an executor that places workers on several hosts (slurm)."""
+    (no executor places one cell's workers on several hosts yet; the slurm executor refuses
+    it too)."""
     nodes = int(params.get("nodes") or 1)
     if nodes > 1:
-        return (f"nodes = {nodes}: the {executor} executor runs a cell on one host; multi-node cells need "
-                "--executor slurm")
+        return (f"nodes = {nodes}: the {executor} executor runs a cell on one host, and no executor runs "
+                "multi-node cells yet (slurm runs each cell on one node); use nodes = 1 and workers")
     return None

@@ -26,7 +26,9 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
+
+from .probe import format_cpuset, parse_cpuset
 
 UNSET = "unset"
 SCALINGS = ("weak", "strong")
@@ -103,28 +105,6 @@ def thread_share(value: Any, parts: int) -> Any:
     return max(1, int(value) // parts)
 
 
-def format_cpus(cpus: Iterable[int]) -> str:
-    """[0, 1, 2, 5] → "0-2,5" (the cpuset syntax)."""
-    cpus = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        parts.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def parse_cpus(text: str) -> list[int]:
-    cpus: set[int] = set()
-    for part in filter(None, (text or "").split(",")):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return sorted(cpus)
-
-
 def worker_params(params: Mapping[str, Any], local_rank: int) -> dict[str, Any]:
     """The parameters one worker applies: its share of ``threads`` / ``interop_threads`` and of
     the ``cpuset`` (when the cell has one), the rest as the cell's."""
@@ -134,7 +114,7 @@ def worker_params(params: Mapping[str, Any], local_rank: int) -> dict[str, Any]:
         out["threads"] = thread_share(params["threads"], local)
         out["interop_threads"] = thread_share(params["interop_threads"], local)
         if params.get("cpuset"):
-            out["cpuset"] = format_cpus(split_cpus(parse_cpus(params["cpuset"]), local)[local_rank])
+            out["cpuset"] = format_cpuset(split_cpus(sorted(parse_cpuset(params["cpuset"])), local)[local_rank])
         if params.get("device") == "gpu":
             out["gpus"] = 1  # one GPU per worker (CUDA_VISIBLE_DEVICES names it)
     return out

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"
 PS_GRACE_S = 20.0
@@ -88,7 +88,11 @@ def command(role: str, spec: Path) -> list[str]:
     raise LaunchError(f"unknown process role {role!r} in the plan")
 
 
-def _preexec(cpus: list[int]) -> Callable[[], None]:
+def child_setup(cpus: Iterable[int]) -> Callable[[], None]:
+    """A ``preexec_fn``: the child dies with its parent (whatever kills the parent:
+    PR_SET_PDEATHSIG) and runs on ``cpus`` (all CPUs when empty).  The local executor's too."""
+    cpus = list(cpus)
+
     def setup() -> None:
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -167,7 +171,7 @@ def _start(entry: dict[str, Any], spec: Path) -> _Proc:
         stderr = open(out / STDERR_LOG, "wb")
         files = [stdout, stderr]
     popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
-                             cwd=str(out), preexec_fn=_preexec(list(entry.get("cpus") or [])))
+                             cwd=str(out), preexec_fn=child_setup(entry.get("cpus") or []))
     return _Proc(entry, popen, files)
 
 

@@ -8,7 +8,8 @@
 -- per-worker batch (weak scaling) or the same global batch (strong scaling): the one the cell
 -- declares (params.scaling) when that cell exists, else the other, else NULL; scaling says
 -- which.  speedup = throughput / ref throughput, efficiency = speedup / workers (1: linear),
--- time_speedup = ref train s / train s; exchange_s_median / exchange_fraction_median: the
+-- time_speedup = ref train s / train s; kvstore: MXNet's (dist_sync / dist_async, else NULL);
+-- exchange_s_median / exchange_fraction_median: the
 -- gradient exchange per step (cell_stats).  p_value, test, significant, verdict: two-sided
 -- Mann-Whitney on the runs' throughput (compare_samples).
 WITH s AS (
@@ -47,7 +48,7 @@ pairs AS (
     LEFT JOIN cell_stats AS r ON r.cell_id = m.ref_cell_id
 )
 SELECT
-    config, framework, variant, model, dataset, device, mode, epochs,
+    config, framework, variant, model, dataset, device, mode, epochs, params ->> 'kvstore' AS kvstore,
     cell_id, gpus, nodes, workers, batch_size, global_batch,
     global_batch::DOUBLE / workers AS per_worker_batch,
     runs, failed_runs, oom_runs,

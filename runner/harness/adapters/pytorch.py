@@ -376,23 +376,7 @@ def _train_epoch_worker(model: nn.Module, optimizer: torch.optim.Optimizer, loss
         yb = ys[start + ctx.rank:start + size:ctx.world].contiguous()
         share = len(yb) / size
         t0 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        if amp is None:
-            out = model(xb)
-            loss = loss_fn(out, yb)
-        else:
-            with amp:
-                out = model(xb)
-                loss = loss_fn(out, yb)
-        if scaler is None:
-            (loss * share).backward()
-            optimizer.step()
-        else:
-            scaler.scale(loss * share).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        if sync:
-            torch.cuda.synchronize()
+        out, loss = _train_step(model, loss_fn, optimizer, amp, scaler, xb, yb, share, sync)
         t1 = time.perf_counter()
         record((epoch, t0, t1, ctx.recorded_images(size)))
         timer.end_step()
@@ -552,6 +536,33 @@ def _weight_layout(asked: str) -> str:
 # --- training and evaluation -----------------------------------------------------------
 
 
+def _train_step(model: Any, loss_fn: Any, optimizer: Any, amp: Any, scaler: Any, xb: Any, yb: Any,
+                share: float, sync: bool) -> tuple[Any, Any]:
+    """One optimizer step on a batch: forward (under autocast when ``amp``), backward of the
+    loss × ``share`` (a DDP worker's share of the global batch: its gradients are then summed
+    across workers into the global batch's mean), the step (through the gradient scaler when
+    there is one); on a GPU, waits for the device.  Returns (outputs, loss)."""
+    optimizer.zero_grad(set_to_none=True)
+    if amp is None:
+        out = model(xb)
+        loss = loss_fn(out, yb)
+    else:
+        with amp:
+            out = model(xb)
+            loss = loss_fn(out, yb)
+    scaled = loss if share == 1.0 else loss * share
+    if scaler is None:
+        scaled.backward()
+        optimizer.step()
+    else:
+        scaler.scale(scaled).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    if sync:
+        torch.cuda.synchronize()
+    return out, loss
+
+
 def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module,
                  x: torch.Tensor, y: torch.Tensor, *, epoch: int, batch_size: int, budget: int | None,
                  generator: torch.Generator, record: Callable[[StepSample], None],
@@ -576,23 +587,7 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn
     for start in range(0, stop, batch_size):
         xb, yb = xs[start:start + batch_size], ys[start:start + batch_size]
         t0 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        if amp is None:
-            out = model(xb)
-            loss = loss_fn(out, yb)
-        else:
-            with amp:
-                out = model(xb)
-                loss = loss_fn(out, yb)
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        if sync:
-            torch.cuda.synchronize()
+        out, loss = _train_step(model, loss_fn, optimizer, amp, scaler, xb, yb, 1.0, sync)
         t1 = time.perf_counter()
         record((epoch, t0, t1, len(yb)))
         loss_sum += loss.detach() * len(yb)
