@@ -36,8 +36,9 @@ def slurm_start(state_dir: StateDirOpt = None) -> None:
     from matrun.runner import slurm
 
     cluster = slurm.start_cluster(_state_dir(state_dir))
-    typer.echo(f"started a one-node Slurm cluster in {cluster.seconds:.1f} s "
-               f"({', '.join(f'{d} {p}' for d, p in cluster.pids.items())}); node localhost, 2 fake GPUs")
+    typer.echo(f"started a Slurm test cluster in {cluster.seconds:.1f} s "
+               f"({', '.join(f'{d} {p}' for d, p in cluster.pids.items())}): node node0 (2 fake GPUs) in "
+               "partition matrun; nodes n1 and n2 (1 CPU each, this host) in partition multi")
     typer.echo("use it with:")
     typer.echo(f"  export SLURM_CONF={cluster.conf}")
 

@@ -157,8 +157,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
     Param("workers", _int(1, MAX_WORKERS), 1,
           "data-parallel worker processes on each host (DDP, MultiWorkerMirroredStrategy, MXNet dist "
           "kvstore): over CPU processes on the CPU, one GPU each on the GPU"),
-    Param("nodes", _int(1, MAX_NODES), 1, "hosts of a multi-node cell; every executor refuses > 1 today "
-                                          "(the views already count workers x nodes)"),
+    Param("nodes", _int(1, MAX_NODES), 1, "hosts of a multi-node cell (`workers` on each); > 1 runs only "
+                                          'with the slurm executor and [slurm] runtime = "local"'),
     Param("scaling", _choice(SCALINGS), "weak",
           'weak: batch_size is per worker (the global batch grows with the workers); strong: batch_size '
           "is the global batch, split across the workers"),

@@ -10,12 +10,14 @@ the parts that do not depend on the executor:
 - Reading task states without slurmdbd: ``squeue --json -t all`` while Slurm still lists a job
   (``MinJobAge``, 300 s by default, after it ends), then the ``jobcomp/filetxt`` log, then
   ``sacct`` where accounting exists (``parse_squeue_json``, ``parse_jobcomp``, ``parse_sacct``).
-- A local one-node cluster for tests and for trying the executor (``start_cluster`` /
-  ``stop_cluster``): a private ``munged``, ``slurmctld -D`` and ``slurmd -D`` started in their own
-  sessions, their PIDs recorded; stopped by those PIDs only, each checked to still be the daemon
-  it was.  It listens on 127.0.0.1 only as far as its peers go (SlurmctldHost=localhost,
-  NodeAddr=127.0.0.1); it has two fake GPUs (character devices 195:N under its state directory)
-  so ``--gres=gpu:N`` schedules.
+- A local test cluster for tests and for trying the executor (``start_cluster`` /
+  ``stop_cluster``): a private ``munged``, ``slurmctld -D`` and three ``slurmd -D`` started in
+  their own sessions, their PIDs recorded; stopped by those PIDs only, each checked to still be
+  the daemon it was.  It listens on 127.0.0.1 only as far as its peers go
+  (SlurmctldHost=localhost, NodeAddr=127.0.0.1).  Node ``node0`` (the default partition
+  ``matrun``, this host's CPUs) has two fake GPUs (character devices 195:N under its state
+  directory) so ``--gres=gpu:N`` schedules; nodes ``n1`` and ``n2`` (partition ``multi``, one CPU
+  each, slurmds of their own on this host) let a multi-node cell be scheduled on two nodes.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from matrun.errors import InputError, MatrunError
 
@@ -56,7 +58,8 @@ _VALUELESS_FLAGS = frozenset({"contiguous", "spread-job", "use-min-nodes"})
 _SBATCH_ARG = re.compile(r"^--([a-z][a-z0-9-]*)(?:=(.*))?$", re.S)
 _PRINTABLE = re.compile(r"^[^\x00-\x1f\x7f]{1,256}$")
 SLURM_KEYS = ("partition", "account", "qos", "exclusive", "throttle", "time_margin", "max_time",
-              "sbatch_args", "python", "poll_interval", "grace")
+              "sbatch_args", "python", "poll_interval", "grace", "runtime")
+RUNTIMES = ("docker", "local")
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,10 @@ class SlurmSettings:
     python: str | None = None  # interpreter with matrun installed, as the nodes see it (default: this one)
     poll_interval: float = 10.0  # seconds between two squeue calls while a sweep waits
     grace: float = 30.0  # seconds after a task ended before a missing result.json is believed
+    # how a task runs its cell on the node: "docker" (the docker executor: the cell's image,
+    # --network none) or "local" (the local executor: matrun's environments, which the nodes
+    # see at the same path; the host's network, so the only runtime for multi-node cells)
+    runtime: str = "docker"
 
     def merged(self, overrides: Mapping[str, Any]) -> "SlurmSettings":
         """These settings with command-line overrides (``None`` values ignored), each checked;
@@ -147,6 +154,10 @@ def check_setting(key: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"expected a list of strings such as [\"--constraint=avx512\"], got {_show(value)}")
         return tuple(check_sbatch_arg(v) for v in value)
+    if key == "runtime":
+        if value not in RUNTIMES:
+            raise ValueError(f"expected one of {', '.join(repr(r) for r in RUNTIMES)}, got {_show(value)}")
+        return value
     if key == "python":
         if not isinstance(value, str) or not value.startswith("/") or not _PRINTABLE.match(value) or "/../" in value:
             raise ValueError(f"expected the absolute path of a Python interpreter with matrun installed, got {_show(value)}")
@@ -373,6 +384,17 @@ def run_slurm(args: list[str], *, timeout: float = 60.0, check: bool = True) -> 
     return proc
 
 
+def node_address(name: str) -> str:
+    """The address Slurm reaches node ``name`` at (its ``NodeAddr``): where the other nodes of a
+    multi-node cell reach this one."""
+    out = run_slurm(["scontrol", "show", "node", "-o", name], timeout=30).stdout
+    for item in out.split():
+        key, sep, value = item.partition("=")
+        if sep and key == "NodeAddr" and value:
+            return value
+    raise SlurmUnavailable(f"scontrol show node {name} names no NodeAddr")
+
+
 def cluster_config() -> dict[str, str]:
     """``scontrol show config`` as a dict (ClusterName, JobCompType, JobCompLoc, MinJobAge, KillWait…)."""
     out = run_slurm(["scontrol", "show", "config"], timeout=30).stdout
@@ -427,10 +449,23 @@ def scancel(job_ids: Iterable[str]) -> None:
 # --- a local one-node test cluster ------------------------------------------------------------
 
 CLUSTER_NAME = "matrun"
-NODE = "localhost"
+CTLD_HOST = "localhost"  # slurmctld's host name (at 127.0.0.1)
+# The node of the default partition.  Not "localhost": Slurm 22.05 refuses a second node on the
+# same host next to a node named localhost ("Duplicated NodeHostName").
+NODE = "node0"
 FAKE_GPUS = 2
+# Partition "multi": two more nodes on the same host, one CPU each and no GPU, each with its
+# own slurmd (Slurm's multiple-slurmd mode: the same NodeHostname, its own port), so that
+# multi-node cells (nodes = 2) are scheduled, started by srun on both and tested for real.
+MULTI_PARTITION = "multi"
+MULTI_NODES = ("n1", "n2")
 CLUSTER_START_TIMEOUT = 60.0
-_DAEMONS = ("slurmd", "slurmctld", "munged")  # stop order
+_DAEMONS = (*(f"slurmd-{n}" for n in reversed(MULTI_NODES)), "slurmd", "slurmctld", "munged")  # stop order
+
+
+def _process_name(daemon: str) -> str:
+    """The program a recorded daemon runs (``slurmd-n1`` is a slurmd)."""
+    return daemon.split("-", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -470,13 +505,15 @@ def node_resources() -> tuple[int, int]:
 
 
 def cluster_config_text(state_dir: Path, *, ctld_port: int, slurmd_port: int, cpus: int, memory_mb: int,
-                        gpus: int = FAKE_GPUS, kill_wait: int = 10, min_job_age: int = 300) -> tuple[str, str]:
-    """(slurm.conf, gres.conf) of the one-node cluster (pure)."""
+                        gpus: int = FAKE_GPUS, kill_wait: int = 10, min_job_age: int = 300,
+                        multi_ports: Sequence[int] = ()) -> tuple[str, str]:
+    """(slurm.conf, gres.conf) of the test cluster (pure): node ``node0`` in the default
+    partition, and with ``multi_ports`` (one per name of ``MULTI_NODES``) partition ``multi``."""
     s = state_dir
     conf = "\n".join([
         "# Written by matrun (runner/slurm.py): a one-node test cluster on this host.",
         f"ClusterName={CLUSTER_NAME}",
-        f"SlurmctldHost={NODE}(127.0.0.1)",
+        f"SlurmctldHost={CTLD_HOST}(127.0.0.1)",
         f"SlurmctldPort={ctld_port}",
         f"SlurmdPort={slurmd_port}",
         "AuthType=auth/munge",
@@ -485,11 +522,11 @@ def cluster_config_text(state_dir: Path, *, ctld_port: int, slurmd_port: int, cp
         "SlurmUser=root",
         "SlurmdUser=root",
         f"StateSaveLocation={s / 'state'}",
-        f"SlurmdSpoolDir={s / 'spool'}",
+        f"SlurmdSpoolDir={s / 'spool' / '%n'}",
         f"SlurmctldPidFile={s / 'slurmctld.daemon.pid'}",
-        f"SlurmdPidFile={s / 'slurmd.daemon.pid'}",
+        f"SlurmdPidFile={s / 'slurmd-%n.daemon.pid'}",
         f"SlurmctldLogFile={s / 'slurmctld.log'}",
-        f"SlurmdLogFile={s / 'slurmd.log'}",
+        f"SlurmdLogFile={s / 'slurmd-%n.log'}",
         # Containers started by a task are outside Slurm's process tracking either way (the task
         # traps TERM and removes its container); linuxproc needs no cgroup delegation.
         "ProctrackType=proctrack/linuxproc",
@@ -507,9 +544,14 @@ def cluster_config_text(state_dir: Path, *, ctld_port: int, slurmd_port: int, cp
         f"KillWait={kill_wait}",
         f"MinJobAge={min_job_age}",
         "SchedulerType=sched/backfill",
-        f"NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={NODE} CPUs={cpus} RealMemory={memory_mb} "
+        f"NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={CTLD_HOST} Port={slurmd_port} CPUs={cpus} "
+        f"RealMemory={memory_mb} "
         f"Gres=gpu:{gpus} State=UNKNOWN",
+        *(f"NodeName={name} NodeAddr=127.0.0.1 NodeHostname={name} Port={port} CPUs=1 "
+          f"RealMemory={max(256, memory_mb // 2)} State=UNKNOWN" for name, port in zip(MULTI_NODES, multi_ports)),
         f"PartitionName=matrun Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+        *([f"PartitionName={MULTI_PARTITION} Nodes={','.join(MULTI_NODES)} Default=NO MaxTime=INFINITE State=UP"]
+          if multi_ports else []),
         "",
     ])
     gres = (f"NodeName={NODE} Name=gpu File={s / 'dev' / 'nvidia'}[0-{gpus - 1}]\n" if gpus > 1 else
@@ -529,6 +571,7 @@ def write_cluster_config(state_dir: Path, **kwargs: Any) -> Path:
     kwargs.setdefault("memory_mb", memory_mb)
     kwargs.setdefault("ctld_port", free_port())
     kwargs.setdefault("slurmd_port", free_port())
+    kwargs.setdefault("multi_ports", [free_port() for _ in MULTI_NODES])
     gpus = kwargs.get("gpus", FAKE_GPUS)
     for n in range(gpus):
         dev = state_dir / "dev" / f"nvidia{n}"
@@ -594,9 +637,10 @@ def start_cluster(state_dir: Path, *, timeout: float = CLUSTER_START_TIMEOUT, **
                    f"--seed-file={munge / 'munged.seed'}", "--origin=127.0.0.1"],
         "slurmctld": ["slurmctld", "-D", "-f", str(conf)],
         "slurmd": ["slurmd", "-D", "-N", NODE, "-f", str(conf)],
+        **{f"slurmd-{n}": ["slurmd", "-D", "-N", n, "-f", str(conf)] for n in MULTI_NODES},
     }
     try:
-        for daemon in ("munged", "slurmctld", "slurmd"):
+        for daemon in ("munged", "slurmctld", "slurmd", *(f"slurmd-{n}" for n in MULTI_NODES)):
             proc = _spawn([shutil.which(commands[daemon][0]) or commands[daemon][0], *commands[daemon][1:]],
                           state_dir / f"{daemon}.out", env)
             procs[daemon] = proc
@@ -611,7 +655,8 @@ def start_cluster(state_dir: Path, *, timeout: float = CLUSTER_START_TIMEOUT, **
                                            f"see {state_dir / (daemon + '.out')}")
             probe = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], env=env, capture_output=True, text=True,
                                    stdin=subprocess.DEVNULL, timeout=30)
-            if probe.returncode == 0 and probe.stdout.strip() == "idle":
+            states = probe.stdout.split()
+            if probe.returncode == 0 and states == ["idle"] * (1 + len(MULTI_NODES)):
                 break
             if time.perf_counter() > deadline:
                 raise SlurmUnavailable(f"the node did not become idle within {timeout:.0f} s "
@@ -649,7 +694,7 @@ def _recorded(state_dir: Path, daemon: str) -> int | None:
         pid = int(_pid_file(state_dir, daemon).read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if _is_daemon(pid, daemon) else None
+    return pid if _is_daemon(pid, _process_name(daemon)) else None
 
 
 def cluster_running(state_dir: Path) -> dict[str, int]:
@@ -685,11 +730,12 @@ def stop_cluster(state_dir: Path, *, timeout: float = 30.0) -> list[str]:
             continue
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not _gone(pid, daemon):
+        name = _process_name(daemon)
+        while time.monotonic() < deadline and not _gone(pid, name):
             time.sleep(0.05)
-        if not _gone(pid, daemon) and _is_daemon(pid, daemon):
+        if not _gone(pid, name) and _is_daemon(pid, name):
             os.kill(pid, signal.SIGKILL)
-            _gone(pid, daemon)
+            _gone(pid, name)
         _pid_file(state_dir, daemon).unlink(missing_ok=True)
         stopped.append(daemon)
     return stopped

@@ -7,6 +7,12 @@ runs the cell with the docker executor exactly as ``matrun sweep --executor dock
 writes ``result.json`` last (executor ``slurm``).  It exits 0 for an ok run, 1 otherwise, so
 Slurm's own state (COMPLETED / FAILED) agrees with the run.
 
+With ``[slurm] runtime = "local"`` (``tasks.json``'s ``runtime``) the local executor runs the cell
+instead, in matrun's environments.  A multi-node cell's task runs on each of its nodes (srun):
+``SLURM_NODEID`` is the node's rank; the nodes meet in the run directory (``rendezvous/``,
+``runner/executors/workers.py: exchange_peers``), each runs its own workers with the local
+executor, node 0 writes ``result.json`` and node k its records under ``nodes/node-<k>/``.
+
 The container is not a child of the task: Slurm's process tracking cannot see it.  So the task
 traps SIGTERM and SIGINT (scancel, the time limit, a node shutdown): the docker executor
 removes the container, any container of this run the engine still holds is removed too (one
@@ -26,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 TASK_RECORD = "slurm.json"
+NODE_RECORD = "node.json"  # nodes/node-<k>/node.json: how node k > 0's part of a multi-node cell ended
+RENDEZVOUS_TIMEOUT_S = 300.0  # at most this long for every node of a multi-node cell to arrive
 
 
 class Stopped(BaseException):
@@ -68,51 +76,99 @@ def _main(args: list[str]) -> int:
         print(f"{run_dir}: spec.json does not match tasks.json entry {index}", file=sys.stderr)
         return 2
 
+    from matrun.runner.executors.workers import NODES_DIR
     from matrun.runner.sweep import host_info
 
+    runtime = str(tasks.get("runtime") or "docker")
+    nodes = int(spec["params"].get("nodes") or 1)
+    node_rank = int(os.environ.get("SLURM_NODEID") or 0) if nodes > 1 else 0
+    # node 0 is the run's own record; node k > 0 of a multi-node cell keeps its own under nodes/
+    node_dir = run_dir if node_rank == 0 else run_dir / NODES_DIR / f"node-{node_rank}"
+    node_dir.mkdir(parents=True, exist_ok=True)
     host = host_info()
     record = {
         "schema_version": 1, "job_id": os.environ.get("SLURM_JOB_ID"),
         "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"), "array_task_id": index,
         "node": os.environ.get("SLURMD_NODENAME"), "gpus": os.environ.get("SLURM_JOB_GPUS"),
+        "runtime": runtime, "node_rank": node_rank, "nodes": nodes,
         "started_at": datetime.now(timezone.utc).isoformat(), "started_unix": time.time(),
         "process_started_unix": _process_start(), "pid": os.getpid(), "host": host,
     }
-    write_json_atomic(run_dir / TASK_RECORD, record)
+    write_json_atomic(node_dir / TASK_RECORD, record)
     try:
-        return _run(run_dir, spec, key, host)
+        return _run(run_dir, spec, key, host, runtime=runtime, node_rank=node_rank, node_dir=node_dir)
     except Stopped as stop:
         _remove_leftovers(key)
         record.update(stopped_at=datetime.now(timezone.utc).isoformat(), signal=signal.Signals(stop.signum).name)
-        write_json_atomic(run_dir / TASK_RECORD, record)
-        print(f"[matrun] {signal.Signals(stop.signum).name}: the cell's container was removed; Slurm's state "
+        write_json_atomic(node_dir / TASK_RECORD, record)
+        print(f"[matrun] {signal.Signals(stop.signum).name}: the cell was stopped; Slurm's state "
               "decides the run's status", file=sys.stderr)
         return 128 + stop.signum
 
 
-def _run(run_dir: Path, spec: dict[str, Any], key: Any, host: dict[str, Any]) -> int:
+def _run(run_dir: Path, spec: dict[str, Any], key: Any, host: dict[str, Any], *, runtime: str = "docker",
+         node_rank: int = 0, node_dir: Path | None = None) -> int:
+    """Run the cell (or, for node k > 0 of a multi-node cell, this node's workers of it) with
+    the runtime's executor.  Node 0 writes the run's ``result.json``; node k > 0 its ``node.json``."""
+    from dataclasses import asdict
+
     from matrun.runner.executors.base import RunOutcome, RunRequest
-    from matrun.runner.executors.docker import DockerExecutor
     from matrun.runner.executors.slurm import task_params
     from matrun.runner.sweep import write_result
 
+    node_dir = node_dir or run_dir
     params = task_params(spec["params"], os.environ)
-    request = RunRequest(run_dir=run_dir, params=params, env_id=spec["env_id"],
-                         timeout=float(spec["params"]["timeout"]), data_dir=Path(spec["data_dir"]))
+    timeout = float(spec["params"]["timeout"])
     started = datetime.now(timezone.utc).isoformat()
     t0 = time.monotonic()
     try:
-        outcome = DockerExecutor().run(request)
-    except Exception as exc:  # no engine on this node, no image built from the recipe, …
+        plan = _place(run_dir, params, node_rank, timeout=timeout) if int(params.get("nodes") or 1) > 1 else None
+        request = RunRequest(run_dir=run_dir, params=params, env_id=spec["env_id"], timeout=timeout,
+                             data_dir=Path(spec["data_dir"]), plan=plan,
+                             log_dir=node_dir if node_rank > 0 else None)
+        if runtime == "local":
+            from matrun.runner.executors.local import LocalExecutor
+
+            outcome = LocalExecutor().run(request)
+        else:
+            from matrun.runner.executors.docker import DockerExecutor
+
+            outcome = DockerExecutor().run(request)
+    except Exception as exc:  # no engine on this node, no image built from the recipe, no rendezvous, …
         outcome = RunOutcome(status="failed", exit_code=None,
                              error_tail=f"[matrun] the Slurm task could not run the cell on "
                                         f"{host.get('hostname')}: {exc}",
                              started_at=started, ended_at=datetime.now(timezone.utc).isoformat(),
                              wall_seconds=round(time.monotonic() - t0, 3))
         for name in ("stdout.log", "stderr.log"):
-            (run_dir / name).touch()
-    write_result(key, run_dir, spec["env_id"], "slurm", host, outcome)
+            (node_dir / name).touch()
+    if node_rank > 0:
+        from matrun.runner.bundle import write_json_atomic
+
+        write_json_atomic(node_dir / NODE_RECORD, {"schema_version": 1, "node_rank": node_rank, "host": host,
+                                                   **asdict(outcome)})
+    else:
+        write_result(key, run_dir, spec["env_id"], "slurm", host, outcome)
     return 0 if outcome.status == "ok" else 1
+
+
+def _place(run_dir: Path, params: dict[str, Any], node_rank: int, *, timeout: float) -> Path:
+    """This node's launch plan of a multi-node cell: Slurm gave the task as many nodes as the
+    cell asks for; every node publishes its address and ports in the shared run directory
+    (``exchange_peers``) and plans its own workers against all of them."""
+    from matrun.runner.executors.workers import exchange_peers, write_node_plan
+    from matrun.runner.slurm import node_address
+
+    nodes = int(params.get("nodes") or 1)
+    granted = int(os.environ.get("SLURM_JOB_NUM_NODES") or 1)
+    if granted != nodes or "SLURM_NODEID" not in os.environ:
+        raise RuntimeError(f"the cell asks for {nodes} nodes, the task runs on {granted} "
+                           f"(SLURM_NODEID {'set' if 'SLURM_NODEID' in os.environ else 'unset'}): "
+                           "it must be started by srun, one task per node")
+    name = os.environ.get("SLURMD_NODENAME") or ""
+    peers = exchange_peers(run_dir, params, node_rank=node_rank, addr=node_address(name),
+                           timeout=min(RENDEZVOUS_TIMEOUT_S, timeout))
+    return write_node_plan(run_dir, params, peers, node_rank)
 
 
 def _process_start() -> float | None:

@@ -149,7 +149,8 @@ def slurm_missing(reason: str):
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """A one-node Slurm cluster (node localhost on 127.0.0.1, 2 fake GPUs); its ``env`` names its slurm.conf."""
+    """The Slurm test cluster (node0 on 127.0.0.1 with 2 fake GPUs; partition multi: n1, n2 of one CPU
+    each on the same host); its ``env`` names its slurm.conf."""
     import shutil
     import tempfile
 

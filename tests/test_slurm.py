@@ -121,6 +121,11 @@ def test_sbatch_arguments_are_exact(tmp_path):
     assert task_params(gpu, {"SLURM_JOB_GPUS": "1,3,4"})["gpu_ids"] == [1, 3]
     assert "gpu_ids" not in task_params(cpu, {"SLURM_JOB_GPUS": "0,1"})
     assert "gpu_ids" not in task_params(gpu, {"SLURM_JOB_GPUS": "0;rm"})
+    # A multi-node cell: one task per node, each with its node's CPUs; srun starts them.
+    assert sbatch_resources({**four, "workers": 2, "nodes": 2}, default, job_name="matrun-x") == [
+        "--job-name=matrun-x", "--cpus-per-task=4", "--nodes=2", "--ntasks-per-node=1", "--time=7",
+        "--exclusive", "--no-requeue"]
+    assert 'exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$1"' in BATCH_SCRIPT
 
 
 @pytest.mark.parametrize("section, message", [
@@ -140,6 +145,8 @@ def test_sbatch_arguments_are_exact(tmp_path):
     ('throttle = -1', "[slurm -> throttle] expected a whole number"),
     ('exclusive = "yes"', "[slurm -> exclusive] expected true or false"),
     ('nodes = 2', "[slurm -> nodes] unknown key"),
+    ('runtime = "sh -c id"', "[slurm -> runtime] expected one of 'docker', 'local'"),
+    ('runtime = ["local"]', "[slurm -> runtime] expected one of 'docker', 'local'"),
 ])
 def test_hostile_or_wrong_slurm_settings_are_refused(section, message):
     with pytest.raises(MatrixError) as err:
@@ -158,7 +165,8 @@ def test_the_slurm_example_of_the_matrix_docs_parses_as_described():
     assert m.slurm == SlurmSettings(partition="gpu,debug", account="proj-42", qos="normal", exclusive=True,
                                     throttle=4, time_margin=300.0, max_time=240,
                                     sbatch_args=("--constraint=avx512", "--reservation=bench"),
-                                    python="/shared/venvs/matrun/bin/python", poll_interval=10.0, grace=30.0)
+                                    python="/shared/venvs/matrun/bin/python", poll_interval=10.0, grace=30.0,
+                                    runtime="docker")
 
 
 def test_hostile_flags_are_refused_before_anything_is_submitted(tmp_path):
@@ -173,13 +181,17 @@ def test_hostile_flags_are_refused_before_anything_is_submitted(tmp_path):
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").rglob("spec.json"))
 
 
-def test_multi_node_cells_are_refused_by_the_slurm_executor():
+def test_multi_node_cells_need_the_local_runtime():
     from matrun.runner.executors.slurm import SlurmExecutor
 
     assert SlurmExecutor().refusal({"nodes": 2}) == (
-        "nodes = 2: the slurm executor runs each cell in one container on one node; multi-node cells are "
-        "not supported yet")
+        'nodes = 2: with runtime "docker" each task runs its cell in a container without network '
+        "(--network none), so the workers on different nodes cannot reach each other; set runtime = "
+        '"local" in [slurm] (matrun\'s environments, the hosts\' network)')
     assert SlurmExecutor().refusal({"nodes": 1}) is None
+    local = SlurmExecutor(SlurmSettings(runtime="local"))
+    assert local.refusal({"nodes": 2}) is None
+    assert local.enforces == frozenset({"cpuset"}) and SlurmExecutor().enforces == {"memory_limit", "cpuset"}
 
 
 def test_squeue_and_jobcomp_records_are_read():
@@ -281,7 +293,7 @@ def test_the_cluster_runs_from_its_recorded_pids(slurm_cluster, tmp_path):
     proc = matrun("slurm", "status", "--state-dir", str(slurm_cluster.state_dir), cwd=tmp_path, cluster=slurm_cluster)
     for daemon, pid in slurm_cluster.pids.items():
         assert f"{daemon} {pid}" in proc.stdout
-    assert "idle" in proc.stdout and "localhost" in proc.stdout
+    assert "idle" in proc.stdout and "node0" in proc.stdout and "multi" in proc.stdout
 
 
 @pytest.mark.slow
@@ -309,6 +321,38 @@ def test_one_and_two_worker_ddp_cells_through_slurm_and_their_speedup(tmp_path, 
 
 
 @pytest.mark.slow
+def test_a_two_node_ddp_cell_runs_on_two_slurm_nodes(tmp_path, slurm_cluster, torch_env):
+    # Partition "multi": nodes n1 and n2, each its own slurmd on this host, 1 CPU each.  The
+    # cell's task gets both; srun starts it on each; the nodes meet through the run directory
+    # (rendezvous/) and their DDP workers (one per node) through node n1's address.
+    name = write_matrix(tmp_path, "[axes]\nnodes = [1, 2]\n", fixed={"cpuset": "", "synthetic_train": 1024},
+                        slurm='partition = "multi"\nruntime = "local"')
+    proc = matrun("sweep", cwd=tmp_path, cluster=slurm_cluster)
+    assert "with the local executor on their node" in proc.stderr
+    assert "--nodes=2 --ntasks-per-node=1" in proc.stderr and "2 runs (2 ok)" in proc.stdout
+    db = tmp_path / "matrun.duckdb"
+    summary = json.loads(sql(db, "SELECT summary FROM runs WHERE params ->> 'nodes' = '2'")[0][0])
+    assert summary["workers"] == 2 and summary["replicas_identical"] is True
+    assert summary["exchange"]["backend"] == "gloo" and summary["exchange"]["seconds_median"] > 0
+    (run,) = [p.parent for p in (tmp_path / "results" / name).glob("*/*/rendezvous")]
+    peers = [json.loads((run / "rendezvous" / f"node-{k}.json").read_text()) for k in (0, 1)]
+    assert [(p["node_rank"], p["addr"], p["iface"]) for p in peers] == [(0, "127.0.0.1", "lo"), (1, "127.0.0.1", "lo")]
+    head, other = json.loads((run / "slurm.json").read_text()), json.loads((run / "nodes" / "node-1" / "slurm.json").read_text())
+    assert {head["node"], other["node"]} == {"n1", "n2"} and (head["node_rank"], other["node_rank"]) == (0, 1)
+    assert head["job_id"] == other["job_id"] and head["runtime"] == "local"
+    node1 = json.loads((run / "nodes" / "node-1" / "node.json").read_text())
+    assert node1["status"] == "ok" and node1["exit_code"] == 0
+    plan1 = json.loads((run / "workers-node-1.json").read_text())
+    assert [(p["rank"], p["env"]["MASTER_ADDR"], p["env"]["MASTER_PORT"]) for p in plan1["processes"]] == [
+        (1, "127.0.0.1", str(peers[0]["ports"][0]))]
+    report = json.loads((run / "workers" / "worker-1" / "worker.json").read_text())
+    assert (report["rank"], report["node_rank"]) == (1, 1)
+    rows = sql(db, "SELECT nodes, workers, scaling, ref_cell_id IS NOT NULL, speedup > 0 FROM worker_scaling "
+                   "ORDER BY workers")
+    assert rows == [(1, 1, "weak", True, True), (2, 2, "weak", True, True)]
+
+
+@pytest.mark.slow
 def test_a_sweep_runs_as_a_job_array_and_lands_in_duckdb(tmp_path, slurm_cluster, docker_client, torch_image, request):
     name = write_matrix(tmp_path, "[axes]\nlr = [0.01, 0.02]\n")
     proc = matrun("sweep", cwd=tmp_path, cluster=slurm_cluster)
@@ -324,7 +368,7 @@ def test_a_sweep_runs_as_a_job_array_and_lands_in_duckdb(tmp_path, slurm_cluster
     assert job["finalized"] is True and job["sbatch"][:2] == ["--parsable", "--array=0-1"]
     records = [json.loads(p.read_text()) for p in (tmp_path / "results" / name).glob("*/*/slurm.json")]
     assert sorted(r["array_task_id"] for r in records) == [0, 1]
-    assert {r["array_job_id"] for r in records} == {job["job_id"]} and {r["node"] for r in records} == {"localhost"}
+    assert {r["array_job_id"] for r in records} == {job["job_id"]} and {r["node"] for r in records} == {"node0"}
     from matrun.runner.slurm import parse_jobcomp
 
     comp = parse_jobcomp((slurm_cluster.state_dir / "jobcomp.log").read_text(), job_ids=[job["job_id"]])

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -102,7 +103,7 @@ def test_combinations_that_cannot_run_are_refused_at_plan_time():
     assert weak_any.values["batch_size"] == 33
     (mx,) = cells({"framework": "mxnet", "workers": 2, "kvstore": "dist_async"})
     assert mx.values["kvstore"] == "dist_async"
-    (multi,) = cells({"workers": 4, "nodes": 2})  # expressible; every executor refuses it (below)
+    (multi,) = cells({"workers": 4, "nodes": 2})  # slurm with the local runtime runs it; the others refuse
     assert multi.values["nodes"] == 2
 
 
@@ -111,13 +112,13 @@ def test_nodes_over_one_are_refused_by_one_host_executors(tmp_path):
     assert host_refusal(params(), "local") is None
     for executor in (LocalExecutor(), DockerExecutor(client=object())):
         reason = executor.refusal(p)
-        assert reason == (f"nodes = 2: the {executor.name} executor runs a cell on one host, and no executor "
-                          "runs multi-node cells yet (slurm runs each cell on one node); use nodes = 1 and workers")
+        assert reason == (f"nodes = 2: the {executor.name} executor runs a cell on one host; multi-node cells "
+                          'run with --executor slurm and runtime = "local" in [slurm]')
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     outcome = LocalExecutor().run(RunRequest(run_dir=run_dir, params=p, env_id="e", timeout=10,
                                              data_dir=tmp_path))
-    assert outcome.status == "failed" and "no executor runs multi-node cells yet" in outcome.error_tail
+    assert outcome.status == "failed" and "multi-node cells run with --executor slurm" in outcome.error_tail
     assert not (run_dir / PLAN_FILE).exists()  # nothing was started
 
 
@@ -197,6 +198,63 @@ def test_mxnet_dist_plan_has_a_scheduler_a_server_and_the_workers(tmp_path):
     one = params(framework="mxnet", kvstore="dist_async")  # one worker, still a parameter server
     assert dist.multi_process(one) and ports_needed(one) == 3
     assert ports_needed(params(framework="mxnet")) == 0 and not dist.multi_process(params(framework="mxnet"))
+
+
+def test_multi_node_plans_meet_at_node_0_and_each_node_runs_its_own_ranks(tmp_path):
+    # Two nodes of two workers: each node published its address, interface and ports (exchange_peers).
+    peers = [{"addr": "10.0.0.1", "iface": "ib0", "ports": [7000, 7001, 7002, 7003]},
+             {"addr": "10.0.0.2", "iface": "eth1", "ports": [8000, 8001, 8002, 8003]}]
+    torch = params(workers=2, nodes=2)
+    node1 = worker_plan(torch, run_dir=tmp_path, ports=[], network="inherit", node_rank=1, peers=peers)
+    assert (node1["node_rank"], node1["world_size"], node1["network"]) == (1, 4, "inherit")
+    assert [(q["rank"], q["local_rank"], q["out"]) for q in node1["processes"]] == [
+        (2, 0, str(tmp_path / "workers" / "worker-2")), (3, 1, str(tmp_path / "workers" / "worker-3"))]
+    env = node1["processes"][1]["env"]
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                "GLOO_SOCKET_IFNAME", "MATRUN_NODE_RANK")} == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "7000",
+        "GLOO_SOCKET_IFNAME": "eth1", "MATRUN_NODE_RANK": "1"}
+    tf = params(framework="tensorflow", workers=2, nodes=2, threads="unset")
+    tf_plan = worker_plan(tf, run_dir=tmp_path, ports=[], network="inherit", node_rank=1, peers=peers)
+    assert json.loads(tf_plan["processes"][0]["env"]["TF_CONFIG"]) == {
+        "cluster": {"worker": ["10.0.0.1:7000", "10.0.0.1:7001", "10.0.0.2:8000", "10.0.0.2:8001"]},
+        "task": {"type": "worker", "index": 2}}
+    mx = params(framework="mxnet", workers=2, nodes=2, kvstore="dist_sync")
+    head = worker_plan(mx, run_dir=tmp_path, ports=[], network="inherit", node_rank=0, peers=peers)
+    other = worker_plan(mx, run_dir=tmp_path, ports=[], network="inherit", node_rank=1, peers=peers)
+    assert [q["role"] for q in head["processes"]] == ["scheduler", "server", "worker", "worker"]
+    assert [q["role"] for q in other["processes"]] == ["worker", "worker"]  # the server runs on node 0 only
+    w3 = other["processes"][1]["env"]
+    assert {k: w3[k] for k in ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER",
+                               "DMLC_NODE_HOST", "DMLC_INTERFACE", "PORT")} == {
+        "DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_PS_ROOT_PORT": "7000", "DMLC_NUM_WORKER": "4",
+        "DMLC_NUM_SERVER": "1", "DMLC_NODE_HOST": "10.0.0.2", "DMLC_INTERFACE": "eth1", "PORT": "8003"}
+    with pytest.raises(ValueError, match="node 2 of a cell with 2 node"):
+        worker_plan(torch, run_dir=tmp_path, ports=[], network="inherit", node_rank=2, peers=peers)
+    with pytest.raises(ValueError, match="needs 4 ports per node, got 1"):
+        worker_plan(mx, run_dir=tmp_path, ports=[], network="inherit",
+                    peers=[peers[0], {**peers[1], "ports": [1]}])
+
+
+def test_nodes_meet_through_the_run_directory(tmp_path):
+    from matrun.runner.executors.workers import exchange_peers, interface_of
+
+    assert interface_of("127.0.0.1") == "lo"
+    with pytest.raises(ValueError, match="no network interface of this host has the address 192.0.2.77"):
+        interface_of("192.0.2.77")  # TEST-NET-1: never a local address
+    p = params(workers=1, nodes=2)
+    (tmp_path / "rendezvous").mkdir()
+    (tmp_path / "rendezvous" / "node-1.json").write_text(json.dumps(
+        {"node_rank": 1, "addr": "127.0.0.1", "iface": "lo", "ports": [1234], "host": "other"}))
+    peers = exchange_peers(tmp_path, p, node_rank=0, addr="127.0.0.1", timeout=5)
+    assert [q["node_rank"] for q in peers] == [0, 1] and peers[1]["ports"] == [1234]
+    assert json.loads((tmp_path / "rendezvous" / "node-0.json").read_text()) == peers[0]
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"node\(s\) 1 of the cell did not reach the rendezvous"):
+        exchange_peers(lonely, p, node_rank=0, addr="127.0.0.1", timeout=0.5, poll=0.05)
+    assert time.monotonic() - t0 < 5
 
 
 def test_ports_are_free_loopback_ports():

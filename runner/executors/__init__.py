@@ -43,5 +43,7 @@ def get_executor(name: str, *, docker_host: str | None = None,
     if cls is DockerExecutor:
         return DockerExecutor(docker_host=docker_host), f"executor: {name}"
     if cls is SlurmExecutor:
-        return SlurmExecutor(slurm, docker_host=docker_host), f"executor: {name} (job arrays; each task runs its cell with the docker executor on its node)"
+        runtime = slurm.runtime if slurm is not None else "docker"
+        return SlurmExecutor(slurm, docker_host=docker_host), (
+            f"executor: {name} (job arrays; each task runs its cell with the {runtime} executor on its node)")
     return cls(), f"executor: {name}"

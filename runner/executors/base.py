@@ -22,6 +22,11 @@ class RunRequest:
     env_id: str
     timeout: float
     data_dir: Path
+    # A node of a multi-node cell (the slurm executor's tasks, local runtime): the launch plan
+    # the task wrote for this node, and where this node's logs and monitor go when it is not
+    # node 0 (whose are the bundle's own).  None: the executor plans the cell itself.
+    plan: Path | None = None
+    log_dir: Path | None = None
 
 
 @dataclass

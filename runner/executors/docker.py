@@ -289,7 +289,7 @@ class DockerExecutor:
         _remove(container)
         _give_back(run_dir, owner)
         wall = time.monotonic() - t0
-        status = "oom" if oom and not timed_out else _status(exit_code, timed_out, run_dir)
+        status = "oom" if oom and not timed_out else _status(exit_code, timed_out, run_dir, run_dir)
         write_json_atomic(run_dir / CONTAINER_JSON, {
             "schema_version": SCHEMA_VERSION, "image": ref.as_record(), "container_id": container.id,
             "user": user, "cpuset_cpus": kwargs.get("cpuset_cpus"), "mem_limit": kwargs.get("mem_limit"),

@@ -87,22 +87,24 @@ class LocalExecutor:
         params = request.params
         run_dir = request.run_dir
         started = datetime.now(timezone.utc)
-        refused = self.refusal(params)
+        refused = self.refusal(params) if request.plan is None else None
         if refused:
             return refused_outcome(run_dir, refused, started)
         env = ensure_env(params["framework"], params["variant"])
         # A multi-worker cell: the harness launches its workers, all in one private network
-        # namespace with only loopback (launch.py), as a container with no network would.
-        plan = write_plan(run_dir, params, network="private")
+        # namespace with only loopback (launch.py), as a container with no network would.  A
+        # node of a multi-node cell comes with the plan its Slurm task wrote (the host's network).
+        plan = request.plan if request.plan is not None else write_plan(run_dir, params, network="private")
+        out_dir = request.log_dir or run_dir
         t0 = time.monotonic()
-        with open(run_dir / STDOUT, "wb") as out, open(run_dir / STDERR, "wb") as err:
+        with open(out_dir / STDOUT, "wb") as out, open(out_dir / STDERR, "wb") as err:
             proc = subprocess.Popen(
                 harness_command(env.python, run_dir, plan),
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=run_dir,
                 env=cell_environment(params, stage_harness()),
                 start_new_session=True, preexec_fn=child_setup(cpuset_cpus(params["cpuset"])),
             )
-            monitor = Monitor(proc.pid, run_dir / MONITOR).start()
+            monitor = Monitor(proc.pid, out_dir / MONITOR).start()
             try:
                 exit_code, timed_out = _wait(proc, request.timeout)
             except BaseException:  # Ctrl-C, SIGTERM turned into SystemExit: stop the cell first
@@ -111,11 +113,12 @@ class LocalExecutor:
                 raise
             aggregates = monitor.stop()
         wall = time.monotonic() - t0
-        status = _status(exit_code, timed_out, run_dir)
+        # node k > 0 of a multi-node cell has no summary of its own: rank 0 writes the cell's
+        status = _status(exit_code, timed_out, run_dir, out_dir, summary=out_dir == run_dir)
         return RunOutcome(
             status=status,
             exit_code=exit_code,
-            error_tail="" if status == "ok" else _error_tail(run_dir, timed_out, request.timeout, exit_code),
+            error_tail="" if status == "ok" else _error_tail(out_dir, timed_out, request.timeout, exit_code),
             started_at=started.isoformat(),
             ended_at=datetime.now(timezone.utc).isoformat(),
             wall_seconds=round(wall, 3),
@@ -152,12 +155,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _status(exit_code: int | None, timed_out: bool, run_dir: Path) -> str:
+def _status(exit_code: int | None, timed_out: bool, run_dir: Path, log_dir: Path, *, summary: bool = True) -> str:
     if timed_out:
         return "timeout"
-    if exit_code == 0 and _has_summary(run_dir / EVENTS):
+    if exit_code == 0 and (not summary or _has_summary(run_dir / EVENTS)):
         return "ok"
-    if "MemoryError" in tail_text(run_dir / STDERR, 2048):
+    if "MemoryError" in tail_text(log_dir / STDERR, 2048):
         return "oom"
     return "failed"
 

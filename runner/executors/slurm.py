@@ -14,8 +14,9 @@ as arguments.  Each submission has a directory ``<results>/<sweep>/.slurm/<id>/`
 cluster, the sbatch arguments) and the tasks' Slurm logs ``task-<index>.log``.  The run
 directories and their ``spec.json`` exist from submission on (``matrun status`` shows them).
 
-**Tasks** (``runner/slurm_task.py``) run the cell with the docker executor on the node and
-write ``result.json`` as a local sweep does.  On SIGTERM / SIGINT (scancel, the time limit)
+**Tasks** (``runner/slurm_task.py``) run the cell with the docker executor on the node (or the
+local executor: ``[slurm] runtime = "local"``; a multi-node cell's task runs on each of its
+nodes through srun) and write ``result.json`` as a local sweep does.  On SIGTERM / SIGINT (scancel, the time limit)
 the task removes its container and exits without a result: the run's status comes from Slurm.
 
 **State** (``SweepJobs.refresh``).  ``squeue --json -t all`` while Slurm lists the job, then the
@@ -65,6 +66,10 @@ _SUBMISSION = re.compile(r"^[0-9T]+-[0-9]+-[0-9]+$")
 BATCH_SCRIPT = """#!/bin/sh
 # matrun: one task of a Slurm job array (runner/executors/slurm.py).  This text is the same for
 # every sweep; the interpreter and the submission's tasks.json come as arguments from sbatch.
+# A multi-node cell's task has several nodes: srun starts the task once on each of them.
+if [ "$SLURM_JOB_NUM_NODES" -gt 1 ] 2>/dev/null; then
+  exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$1" -m matrun.runner.slurm_task "$2"
+fi
 exec "$1" -m matrun.runner.slurm_task "$2"
 """
 
@@ -88,6 +93,9 @@ def cpus_per_task(params: Mapping[str, Any]) -> int:
 def sbatch_resources(params: Mapping[str, Any], settings: SlurmSettings, *, job_name: str) -> list[str]:
     """The sbatch arguments of one cell's task (exact; tested)."""
     args = [f"--job-name={job_name}", f"--cpus-per-task={cpus_per_task(params)}"]
+    nodes = int(params.get("nodes") or 1)
+    if nodes > 1:  # one task per node, each with the CPUs of that node's workers
+        args += [f"--nodes={nodes}", "--ntasks-per-node=1"]
     memory = params.get("memory_limit") or 0
     if memory:
         args.append(f"--mem={math.ceil(memory / 2**20) + TASK_MEMORY_MIB}M")
@@ -432,25 +440,35 @@ class SlurmExecutor:
 
     name = "slurm"
     asynchronous = True
-    enforces = frozenset({"memory_limit", "cpuset"})  # by the docker executor inside each task
 
     def __init__(self, settings: SlurmSettings | None = None, *, docker_host: str | None = None) -> None:
         self.settings = settings or SlurmSettings()
         self._docker_host = docker_host
         self.cluster = ""
 
-    def env_id(self, framework: str, variant: str) -> str:
-        """The docker executor's: a task runs the cell in the image built from the same recipe."""
-        from matrun.runner.executors.docker import DockerExecutor
+    @property
+    def enforces(self) -> frozenset[str]:
+        """What the executor inside each task enforces (docker: memory and CPUs; local: CPUs)."""
+        return frozenset({"memory_limit", "cpuset"} if self.settings.runtime == "docker" else {"cpuset"})
 
-        return DockerExecutor().env_id(framework, variant)
+    def _inner(self) -> Any:
+        from matrun.runner.executors.docker import DockerExecutor
+        from matrun.runner.executors.local import LocalExecutor
+
+        return DockerExecutor() if self.settings.runtime == "docker" else LocalExecutor()
+
+    def env_id(self, framework: str, variant: str) -> str:
+        """The runtime's: docker, the recipe of the image a task runs the cell in; local, the
+        environment's."""
+        return self._inner().env_id(framework, variant)
 
     def refusal(self, params: Mapping[str, Any]) -> str | None:
         """Why this executor cannot run the cell, or None (the sweep asks before anything is submitted)."""
         nodes = params.get("nodes")
-        if isinstance(nodes, int) and nodes > 1:
-            return (f"nodes = {nodes}: the slurm executor runs each cell in one container on one node; "
-                    "multi-node cells are not supported yet")
+        if isinstance(nodes, int) and nodes > 1 and self.settings.runtime == "docker":
+            return (f"nodes = {nodes}: with runtime \"docker\" each task runs its cell in a container without "
+                    "network (--network none), so the workers on different nodes cannot reach each other; "
+                    "set runtime = \"local\" in [slurm] (matrun's environments, the hosts' network)")
         return None
 
     def prepare(self, envs: set[tuple[str, str]], *, log: Callable[[str], None]) -> None:
@@ -462,9 +480,16 @@ class SlurmExecutor:
         config = cluster_config()
         self.cluster = config.get("ClusterName", "")
         python = self.settings.python or sys.executable
+        needed = ", ".join(f"{fw}:{v}" for fw, v in sorted(envs))
+        if self.settings.runtime == "local":
+            self._inner().prepare(envs, log=log)  # the nodes see these environments at the same path
+            log(f"Slurm cluster {self.cluster or '?'} (Slurm {config.get('SLURM_VERSION', '?')}); tasks run "
+                f"{python} -m matrun.runner.slurm_task with the local executor on their node; environments: "
+                f"{needed}")
+            return
         log(f"Slurm cluster {self.cluster or '?'} (Slurm {config.get('SLURM_VERSION', '?')}); tasks run "
             f"{python} -m matrun.runner.slurm_task with the docker executor on their node; images needed: "
-            f"{', '.join(f'{fw}:{v}' for fw, v in sorted(envs))}")
+            f"{needed}")
 
     def run(self, request: RunRequest) -> RunOutcome:
         raise MatrunError("the slurm executor submits job arrays (SlurmExecutor.submit); it runs no cell itself")
@@ -499,6 +524,7 @@ class SlurmExecutor:
                        for i, r in enumerate(members)]
             write_json_atomic(directory / TASKS, {
                 "schema_version": SCHEMA_VERSION, "sweep": sweep, "job_name": name,
+                "runtime": self.settings.runtime,
                 "tasks": [{"index": e.index, "run_dir": str(e.run_dir), "cell_id": e.cell_id,
                            "repeat": e.repeat, "attempt": e.attempt} for e in entries]})
             (directory / SCRIPT).write_text(BATCH_SCRIPT)

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from matrun.runner.frameworks import get_framework
 from matrun.runner.harness import distributed as dist
@@ -65,16 +66,27 @@ def pick_ports(count: int) -> list[int]:
 
 
 def worker_plan(params: Mapping[str, Any], *, run_dir: Path, ports: list[int], network: str,
-                node_rank: int = 0, master_addr: str = LOOPBACK) -> dict[str, Any]:
+                node_rank: int = 0, master_addr: str = LOOPBACK,
+                peers: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The launcher's plan for one host (``node_rank``) of the cell (pure).
 
     ``network``: ``"private"`` (local executor: the launcher makes a network namespace with
     only loopback, required for frameworks in ``BINDS_EVERY_INTERFACE``) or ``"inherit"``
-    (docker: the container has no network already).  ``master_addr``: where rank 0's
-    rendezvous listens (127.0.0.1 on one host; a multi-node launcher passes node 0's address).
+    (docker: the container has no network already; a node of a multi-node cell: the host's).
+    One host: ``ports`` are this host's and every address is ``master_addr`` (127.0.0.1).
+    A multi-node cell: ``peers`` is every node's ``{"addr", "iface", "ports"}`` in node order
+    (``exchange_peers``); node 0 holds the rendezvous (torch's store, MXNet's scheduler and
+    server), each node's workers listen on its own ports and address.
     """
-    if len(ports) < ports_needed(params):
-        raise ValueError(f"the cell needs {ports_needed(params)} ports, got {len(ports)}")
+    if peers is None:
+        peers = [{"addr": master_addr, "iface": "lo", "ports": list(ports)}]
+    if len(peers) != int(params.get("nodes") or 1) or not 0 <= node_rank < len(peers):
+        raise ValueError(f"node {node_rank} of a cell with {params.get('nodes') or 1} node(s) got "
+                         f"{len(peers)} peer record(s)")
+    for peer in peers:
+        if len(peer["ports"]) < ports_needed(params):
+            raise ValueError(f"the cell needs {ports_needed(params)} ports per node, got {len(peer['ports'])}")
+    me, head = peers[node_rank], peers[0]
     framework = params["framework"]
     fw = get_framework(framework)
     local = int(params.get("workers") or 1)
@@ -84,16 +96,16 @@ def worker_plan(params: Mapping[str, Any], *, run_dir: Path, ports: list[int], n
     processes: list[dict[str, Any]] = []
     ps_env: dict[str, str] = {}
     if dist.dist_kvstore(params):
-        scheduler_port, server_ports, worker_ports = ports[0], ports[1:1 + MXNET_SERVERS], ports[1 + MXNET_SERVERS:]
-        ps_env = {"DMLC_PS_ROOT_URI": master_addr, "DMLC_PS_ROOT_PORT": str(scheduler_port),
+        ps_env = {"DMLC_PS_ROOT_URI": head["addr"], "DMLC_PS_ROOT_PORT": str(head["ports"][0]),
                   "DMLC_NUM_SERVER": str(MXNET_SERVERS), "DMLC_NUM_WORKER": str(world),
-                  "DMLC_NODE_HOST": master_addr, "DMLC_INTERFACE": "lo"}
-        if node_rank == 0:
+                  "DMLC_NODE_HOST": me["addr"], "DMLC_INTERFACE": me["iface"]}
+        if node_rank == 0:  # the scheduler and the servers run on node 0 only
             processes.append(_ps_process("scheduler", 0, run_dir, {**ps_env, "DMLC_ROLE": "scheduler"}))
-        for i, port in enumerate(server_ports):
-            processes.append(_ps_process("server", i, run_dir, {**ps_env, "DMLC_ROLE": "server", "PORT": str(port),
-                                                                   # a server only sums and updates
-                                                                   "OMP_NUM_THREADS": "1"}))
+            for i, port in enumerate(me["ports"][1:1 + MXNET_SERVERS]):
+                processes.append(_ps_process("server", i, run_dir, {**ps_env, "DMLC_ROLE": "server",
+                                                                       "PORT": str(port),
+                                                                       # a server only sums and updates
+                                                                       "OMP_NUM_THREADS": "1"}))
     for local_rank in range(local):
         rank = node_rank * local + local_rank
         env = {
@@ -108,8 +120,8 @@ def worker_plan(params: Mapping[str, Any], *, run_dir: Path, ports: list[int], n
             env.update({v: str(wp["interop_threads"]) for v in fw.interop_vars})
         if params["device"] == "gpu":  # one GPU per worker: its own is cuda:0 inside
             env["CUDA_VISIBLE_DEVICES"] = str(local_rank)
-        env.update(_framework_env(params, rank=rank, local_rank=local_rank, world=world, ports=ports,
-                                  master_addr=master_addr, ps_env=ps_env))
+        env.update(_framework_env(params, rank=rank, local_rank=local_rank, world=world, peers=peers,
+                                  me=me, ps_env=ps_env))
         processes.append({
             "role": "worker", "rank": rank, "local_rank": local_rank,
             "cpus": shares[local_rank],
@@ -129,21 +141,23 @@ def _ps_process(role: str, index: int, run_dir: Path, env: dict[str, str]) -> di
             "out": str(run_dir / WORKERS_DIR / f"{role}-{index}"), "env": env}
 
 
-def _framework_env(params: Mapping[str, Any], *, rank: int, local_rank: int, world: int, ports: list[int],
-                   master_addr: str, ps_env: Mapping[str, str]) -> dict[str, str]:
+def _framework_env(params: Mapping[str, Any], *, rank: int, local_rank: int, world: int,
+                   peers: Sequence[Mapping[str, Any]], me: Mapping[str, Any],
+                   ps_env: Mapping[str, str]) -> dict[str, str]:
     framework = params["framework"]
     local = int(params.get("workers") or 1)
     if framework == "torch":
         return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
-                "LOCAL_WORLD_SIZE": str(local), "MASTER_ADDR": master_addr, "MASTER_PORT": str(ports[0]),
-                # gloo / NCCL bind their pairs to this interface's address (loopback)
-                "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+                "LOCAL_WORLD_SIZE": str(local), "MASTER_ADDR": peers[0]["addr"],
+                "MASTER_PORT": str(peers[0]["ports"][0]),
+                # gloo / NCCL bind their pairs to this interface's address (loopback on one host)
+                "GLOO_SOCKET_IFNAME": me["iface"], "NCCL_SOCKET_IFNAME": me["iface"]}
     if framework == "tensorflow":
-        cluster = {"worker": [f"{master_addr}:{port}" for port in ports[:world]]}
+        cluster = {"worker": [f"{peer['addr']}:{port}" for peer in peers for port in peer["ports"][:local]]}
         return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}},
                                         separators=(",", ":"))}
     if framework == "mxnet" and ps_env:
-        return {**ps_env, "DMLC_ROLE": "worker", "PORT": str(ports[1 + MXNET_SERVERS + local_rank])}
+        return {**ps_env, "DMLC_ROLE": "worker", "PORT": str(me["ports"][1 + MXNET_SERVERS + local_rank])}
     return {}
 
 
@@ -157,12 +171,81 @@ def write_plan(run_dir: Path, params: Mapping[str, Any], *, network: str) -> Pat
     return path
 
 
+RENDEZVOUS_DIR = "rendezvous"  # <run>/rendezvous/node-<k>.json: each node's address and ports
+NODES_DIR = "nodes"            # <run>/nodes/node-<k>/: a node k > 0's launcher logs, monitor, record
+
+
+def node_plan_file(run_dir: Path, node_rank: int) -> Path:
+    """Node 0's plan is ``<run>/workers.json`` (as on one host); node k's ``workers-node-<k>.json``."""
+    return Path(run_dir) / (PLAN_FILE if node_rank == 0 else f"workers-node-{node_rank}.json")
+
+
+def interface_of(addr: str) -> str:
+    """The name of this host's network interface that holds ``addr`` (``lo`` for 127.0.0.1):
+    gloo, NCCL and MXNet bind to it.  ValueError when no interface has that address."""
+    import fcntl
+    import struct
+
+    if addr.startswith("127."):
+        return "lo"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            except OSError:
+                continue
+            if socket.inet_ntoa(raw[20:24]) == addr:
+                return name
+    raise ValueError(f"no network interface of this host has the address {addr}")
+
+
+def exchange_peers(run_dir: Path, params: Mapping[str, Any], *, node_rank: int, addr: str, timeout: float,
+                   poll: float = 0.2, alive: Any = None) -> list[dict[str, Any]]:
+    """A multi-node cell's rendezvous through the shared run directory: this node picks the
+    ports it needs, writes ``rendezvous/node-<k>.json`` (address, interface, ports, host name)
+    and waits until every node has written its own; returns them in node order.  TimeoutError
+    names the nodes that did not come within ``timeout`` (``alive()`` False stops the wait too)."""
+    nodes = int(params.get("nodes") or 1)
+    directory = Path(run_dir) / RENDEZVOUS_DIR
+    directory.mkdir(exist_ok=True)
+    me = {"node_rank": node_rank, "addr": addr, "iface": interface_of(addr),
+          "ports": pick_ports(ports_needed(params)), "host": socket.gethostname()}
+    path = directory / f"node-{node_rank}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(me), encoding="utf-8")
+    tmp.replace(path)
+    deadline = time.monotonic() + timeout
+    peers: dict[int, dict[str, Any]] = {}
+    while True:
+        for k in range(nodes):
+            if k not in peers:
+                try:
+                    peers[k] = json.loads((directory / f"node-{k}.json").read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    pass
+        if len(peers) == nodes:
+            return [peers[k] for k in range(nodes)]
+        if time.monotonic() > deadline or (alive is not None and not alive()):
+            missing = ", ".join(str(k) for k in range(nodes) if k not in peers)
+            raise TimeoutError(f"node(s) {missing} of the cell did not reach the rendezvous in {directory} "
+                               f"within {timeout:g} s")
+        time.sleep(poll)
+
+
+def write_node_plan(run_dir: Path, params: Mapping[str, Any], peers: Sequence[Mapping[str, Any]],
+                    node_rank: int) -> Path:
+    """Write node ``node_rank``'s plan of a multi-node cell (the host's network: ``inherit``)."""
+    plan = worker_plan(params, run_dir=run_dir, ports=[], network="inherit", node_rank=node_rank, peers=peers)
+    path = node_plan_file(run_dir, node_rank)
+    path.write_text(json.dumps(plan, indent=1), encoding="utf-8")
+    return path
+
+
 def host_refusal(params: Mapping[str, Any], executor: str) -> str | None:
     """Why a one-host executor (local, docker) cannot run this cell, or None: ``nodes`` > 1
-    (no executor places one cell's workers on several hosts yet; the slurm executor refuses
-    it too)."""
+    needs the slurm executor with its local runtime, which places the nodes' workers."""
     nodes = int(params.get("nodes") or 1)
     if nodes > 1:
-        return (f"nodes = {nodes}: the {executor} executor runs a cell on one host, and no executor runs "
-                "multi-node cells yet (slurm runs each cell on one node); use nodes = 1 and workers")
+        return (f"nodes = {nodes}: the {executor} executor runs a cell on one host; multi-node cells run "
+                'with --executor slurm and runtime = "local" in [slurm]')
     return None
