@@ -353,6 +353,27 @@ def test_a_two_node_ddp_cell_runs_on_two_slurm_nodes(tmp_path, slurm_cluster, to
 
 
 @pytest.mark.slow
+def test_tensorflow_and_mxnet_cells_across_two_slurm_nodes(tmp_path, slurm_cluster, tf_env, mxnet_env):
+    # TensorFlow's TF_CONFIG lists both nodes' workers; MXNet's scheduler and server run on node 0.
+    write_matrix(tmp_path, '[[zip]]\nframework = ["tensorflow", "mxnet", "mxnet"]\n'
+                           'kvstore = ["device", "dist_sync", "dist_async"]\nlayout = ["nhwc", "nchw", "nchw"]\n',
+                 fixed={"cpuset": "", "synthetic_train": 1024, "nodes": 2},
+                 slurm='partition = "multi"\nruntime = "local"')
+    proc = matrun("sweep", cwd=tmp_path, cluster=slurm_cluster)
+    assert "3 runs (3 ok)" in proc.stdout
+    rows = sql(tmp_path / "matrun.duckdb", "SELECT params ->> 'framework', params ->> 'kvstore', summary FROM runs "
+                                           "ORDER BY 1, 2")
+    seen = []
+    for framework, kvstore, text in rows:
+        s = json.loads(text)
+        assert s["workers"] == 2 and [w["node_rank"] for w in s["per_worker"]] == [0, 1], (framework, s)
+        assert s["exchange"]["seconds_median"] > 0
+        seen.append((framework, kvstore, s["replicas_identical"]))
+    # synchronous cells keep equal replicas; dist_async has no such promise (null)
+    assert seen == [("mxnet", "dist_async", None), ("mxnet", "dist_sync", True), ("tensorflow", None, True)]
+
+
+@pytest.mark.slow
 def test_a_sweep_runs_as_a_job_array_and_lands_in_duckdb(tmp_path, slurm_cluster, docker_client, torch_image, request):
     name = write_matrix(tmp_path, "[axes]\nlr = [0.01, 0.02]\n")
     proc = matrun("sweep", cwd=tmp_path, cluster=slurm_cluster)
