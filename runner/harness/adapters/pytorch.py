@@ -363,10 +363,7 @@ def _train_epoch_worker(model: nn.Module, optimizer: torch.optim.Optimizer, loss
     sync = x.device.type == "cuda"
     model.train()
     t_epoch = time.perf_counter()
-    order = torch.randperm(len(y), generator=generator).to(x.device)
-    xs, ys = x[order], y[order]
-    if channels_last:
-        xs = xs.contiguous(memory_format=torch.channels_last)
+    xs, ys = _shuffled(x, y, generator, channels_last)
     loss_sum = torch.zeros((), device=x.device)
     correct = torch.zeros((), dtype=torch.int64, device=x.device)
     seen = 0
@@ -536,6 +533,17 @@ def _weight_layout(asked: str) -> str:
 # --- training and evaluation -----------------------------------------------------------
 
 
+def _shuffled(x: torch.Tensor, y: torch.Tensor, generator: torch.Generator,
+              channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The epoch's order of the samples (one permutation from the cell's generator: every
+    worker of a cell draws the same), in channels-last memory when asked."""
+    order = torch.randperm(len(y), generator=generator).to(x.device)
+    xs, ys = x[order], y[order]
+    if channels_last:
+        xs = xs.contiguous(memory_format=torch.channels_last)
+    return xs, ys
+
+
 def _train_step(model: Any, loss_fn: Any, optimizer: Any, amp: Any, scaler: Any, xb: Any, yb: Any,
                 share: float, sync: bool) -> tuple[Any, Any]:
     """One optimizer step on a batch: forward (under autocast when ``amp``), backward of the
@@ -576,10 +584,7 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn
     sync = x.device.type == "cuda"
     model.train()
     t_epoch = time.perf_counter()
-    order = torch.randperm(len(y), generator=generator).to(x.device)
-    xs, ys = x[order], y[order]
-    if channels_last:
-        xs = xs.contiguous(memory_format=torch.channels_last)
+    xs, ys = _shuffled(x, y, generator, channels_last)
     stop = len(y) if budget is None else min(len(y), budget * batch_size)
     loss_sum = torch.zeros((), device=x.device)
     correct = torch.zeros((), dtype=torch.int64, device=x.device)
