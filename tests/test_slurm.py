@@ -244,6 +244,8 @@ def test_runs_slurm_ended_are_recorded_from_its_state_and_ingested(tmp_path):
             (run_dir / "slurm.json").write_text(json.dumps({"started_at": "2026-01-01T00:00:10+00:00",
                                                             "host": {"hostname": "n1"}}))
         tasks.append({"index": index, "run_dir": str(run_dir), "cell_id": f"{index:016x}", "repeat": 0, "attempt": 1})
+    (Path(tasks[2]["run_dir"]) / "nodes" / "node-1").mkdir(parents=True)  # a multi-node cell's second node
+    (Path(tasks[2]["run_dir"]) / "nodes" / "node-1" / "stderr.log").write_text("gloo: Connection reset by peer\n")
     sub = sweep_dir / ".slurm" / "20260101T000000-1-0"
     sub.mkdir(parents=True)
     (sub / "tasks.json").write_text(json.dumps({"job_name": "matrun-sw", "tasks": tasks}))
@@ -268,6 +270,8 @@ def test_runs_slurm_ended_are_recorded_from_its_state_and_ingested(tmp_path):
     assert {i: v.phase for i, v in views.items()} == {0: "finished", 1: "finished", 2: "finished", 3: "dropped",
                                                       4: "ending", 5: "ending"}
     assert {i: views[i].status for i in (0, 1, 2)} == {0: "timeout", 1: "oom", 2: "failed"}
+    assert "[node-1] gloo: Connection reset by peer" in json.loads(
+        (Path(tasks[2]["run_dir"]) / "result.json").read_text())["error_tail"]
     assert not (sweep_dir / f"{3:016x}").exists()  # nothing ran: nothing is left
     result = json.loads((Path(tasks[0]["run_dir"]) / "result.json").read_text())
     assert (result["executor"], result["exit_code"], result["host"], result["wall_seconds"]) == \

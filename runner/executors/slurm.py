@@ -393,6 +393,10 @@ def write_result_from_slurm(task: TaskEntry, sub: Submission, state: TaskState, 
         wall = 0.0
     note = _slurm_note(state, sub, task)
     tail = tail_text(task.run_dir / STDERR, ERROR_TAIL_BYTES // 2) + tail_text(sub.log(task.index), ERROR_TAIL_BYTES // 2)
+    for node_log in sorted((task.run_dir / "nodes").glob(f"node-*/{STDERR}")):  # a multi-node cell's other nodes
+        text = tail_text(node_log, ERROR_TAIL_BYTES // 4).strip()
+        if text:
+            tail += f"\n[{node_log.parent.name}] {text}"
     outcome = RunOutcome(status=status, exit_code=state.exit_code if state.signal is None else None,
                          error_tail=f"{tail.strip()}\n[matrun] {note}".lstrip("\n")[-ERROR_TAIL_BYTES:],
                          started_at=started, ended_at=_iso(ended_at), wall_seconds=round(wall, 3))
