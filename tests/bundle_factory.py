@@ -160,3 +160,13 @@ def make_bundle(
 
 def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def patch_events(run_dir: Path, record_type: str, **changes: Any) -> None:
+    """Change the fields of every `record_type` record of a bundle's events.jsonl."""
+    path = run_dir / "events.jsonl"
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    for record in lines:
+        if record.get("type") == record_type:
+            record.update(changes)
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")

@@ -16,11 +16,10 @@ Base settings: torch / lenet5 / fashion-mnist / cpu, batch 64, sgd 0.01, one epo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from bundle_factory import make_bundle, read_json
+from bundle_factory import make_bundle, patch_events, read_json
 from matrun.runner.bundle import write_json_atomic
 from matrun.warehouse.db import open_warehouse
 from matrun.warehouse.ingest import ingest
@@ -41,15 +40,6 @@ BASE: dict[str, Any] = {"threads": "unset", "epochs": 1}
 def _epoch(seconds: float, accuracy: float | None, train_acc: float = 0.7) -> dict[str, Any]:
     return {"train_loss": 0.5, "train_accuracy": train_acc, "test_loss": 0.5,
             "test_accuracy": accuracy, "epoch_seconds": seconds, "test_seconds": 1.0}
-
-
-def _patch(run_dir: Path, record_type: str, **changes: Any) -> None:
-    path = run_dir / "events.jsonl"
-    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    for record in lines:
-        if record.get("type") == record_type:
-            record.update(changes)
-    path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
 
 
 def _result(run_dir: Path, **changes: Any) -> None:
@@ -95,11 +85,11 @@ def write_study_bundles(results: Path) -> None:
         run = make_bundle(results, sweep=SWEEP, cell_id=f"t1-b{batch}-lr1", throughput=115.0,
                           params={**BASE, "threads": 1, "batch_size": batch, "lr": 1.0},
                           epochs=(_epoch(20.0, None),))
-        _patch(run, "summary", diverged=True, accuracy=None)
+        patch_events(run, "summary", diverged=True, accuracy=None)
     # A4-A5 libraries (one in a docker image), and oneDNN off
     for repeat, run in enumerate(_cell(results, "t1-openblas", [(70.0, 85.0, 0.80), (72.0, 84.0, 0.80)],
                                        {**BASE, "threads": 1, "variant": "cpu-openblas"})):
-        _patch(run, "probe", blas_loaded={"provider": "openblas", "version": "0.3.21"})
+        patch_events(run, "probe", blas_loaded={"provider": "openblas", "version": "0.3.21"})
         _result(run, executor="docker",
                 image={"tag": IMAGE_TAG, "id": "sha256:" + "ab" * 32, "repo_digests": []})
     _cell(results, "t1-onednn-off", [(60.0, 95.0, 0.80), (61.0, 94.0, 0.80)],
@@ -121,7 +111,7 @@ def write_study_bundles(results: Path) -> None:
                           params={**inference, "batch_size": batch}, throughput=throughput,
                           epochs=(), monitor=((0.2, 90.0, 10.0, 1.0, (rss - 100) * MiB),
                                               (0.4, 110.0, 10.0, 3.0, rss * MiB)))
-        _patch(run, "summary", train_seconds=None, test_seconds=None, accuracy=None,
+        patch_events(run, "summary", train_seconds=None, test_seconds=None, accuracy=None,
                inference_seconds=4.0 * 32 / batch, peak_device_memory_bytes=device_mib * MiB)
     make_bundle(results, sweep=SWEEP, cell_id="inf-b512", params={**inference, "batch_size": 512},
                 status="oom", exit_code=-9, epochs=(), error_tail="Killed: out of memory")
@@ -143,7 +133,7 @@ def write_hostile_bundles(results: Path) -> None:
         for run in _cell(results, f"evil-t{threads}", [(throughput, 40.0, 0.6), (throughput + 2, 41.0, 0.62)],
                          {**hostile, "threads": threads}, hostname=XSS_HOSTNAME,
                          mismatches=[f"threads: asked {threads}, in force 1 {XSS_ATTR}"]):
-            _patch(run, "probe", libraries=[{"name": XSS_LIB, "path": "/opt/secret/lib/<b>libx</b>.so",
+            patch_events(run, "probe", libraries=[{"name": XSS_LIB, "path": "/opt/secret/lib/<b>libx</b>.so",
                                              "version": XSS_ATTR}])
     failed = results / SWEEP / "evil-t4" / "0-1"
     make_bundle(results, sweep=SWEEP, cell_id="evil-t4", params={**hostile, "threads": 4},

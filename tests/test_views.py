@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from bundle_factory import make_bundle, read_json
+from test_study_views import CONTRACT as STUDY_CONTRACT
 from matrun.warehouse.ingest import ingest
 from matrun.warehouse.query import run_query
 
@@ -97,11 +98,15 @@ def query(warehouse: Path, sql: str) -> list[dict[str, Any]]:
     return [dict(zip(columns, row)) for row in rows]
 
 
-@pytest.mark.parametrize("view", sorted(CONTRACT))
+EVERY_CONTRACT = {**CONTRACT, **STUDY_CONTRACT}
+
+
+@pytest.mark.parametrize("view", sorted(EVERY_CONTRACT))
 def test_views_have_the_contract_columns_even_when_empty(tmp_path: Path, view: str) -> None:
+    """Every view, the study views (tests/test_study_views.py) too."""
     ingest([], warehouse=tmp_path / "empty.duckdb")
     columns, rows = run_query(f"SELECT * FROM {view}", warehouse=tmp_path / "empty.duckdb")
-    assert columns == CONTRACT[view].split(", ")
+    assert columns == EVERY_CONTRACT[view].split(", ")
     assert rows == []
 
 

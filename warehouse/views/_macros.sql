@@ -109,6 +109,13 @@ CREATE OR REPLACE MACRO verdict(cmp, larger_is_better, better, worse) AS
          WHEN cmp.direction * CASE WHEN larger_is_better THEN 1 ELSE -1 END > 0 THEN better
          ELSE worse END;
 
+-- A row of a comparison view against its reference cell (is_ref: the row is the reference
+-- itself): 'reference' / false for the reference, else verdict(...) / cmp.significant.
+CREATE OR REPLACE MACRO ref_verdict(is_ref, cmp, larger_is_better, better, worse) AS
+    CASE WHEN is_ref THEN 'reference' ELSE verdict(cmp, larger_is_better, better, worse) END;
+CREATE OR REPLACE MACRO ref_significant(is_ref, cmp) AS
+    CASE WHEN is_ref THEN false ELSE cmp.significant END;
+
 -- Coefficient of variation (sample standard deviation / mean), an aggregate; NULL below 2.
 CREATE OR REPLACE MACRO cv(x) AS stddev_samp(x) / nullif(avg(x), 0);
 

@@ -44,12 +44,10 @@ SELECT
     (accuracy_median - ref_accuracy_median) * 100          AS accuracy_change,
     tcmp.p_value                                           AS p_value,
     tcmp.test                                              AS test,
-    CASE WHEN cell_id = ref_cell_id THEN false ELSE tcmp.significant END AS significant,
-    CASE WHEN cell_id = ref_cell_id THEN 'reference'
-         ELSE verdict(tcmp, true, 'faster', 'slower') END AS verdict,
+    ref_significant(cell_id = ref_cell_id, tcmp) AS significant,
+    ref_verdict(cell_id = ref_cell_id, tcmp, true, 'faster', 'slower') AS verdict,
     acmp.p_value                                           AS accuracy_p_value,
-    CASE WHEN cell_id = ref_cell_id THEN false ELSE acmp.significant END AS accuracy_significant,
-    CASE WHEN cell_id = ref_cell_id THEN 'reference'
-         ELSE verdict(acmp, true, 'more accurate', 'less accurate') END AS accuracy_verdict
+    ref_significant(cell_id = ref_cell_id, acmp) AS accuracy_significant,
+    ref_verdict(cell_id = ref_cell_id, acmp, true, 'more accurate', 'less accurate') AS accuracy_verdict
 FROM pairs
 ORDER BY framework, model, dataset, mode, config, batch_size, cell_id

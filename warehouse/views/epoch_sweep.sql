@@ -44,8 +44,7 @@ SELECT
     (accuracy_median - ref_accuracy_median) * 100                    AS accuracy_change,
     acmp.p_value                                                     AS accuracy_p_value,
     acmp.test                                                        AS accuracy_test,
-    CASE WHEN cell_id = ref_cell_id THEN false ELSE acmp.significant END AS accuracy_significant,
-    CASE WHEN cell_id = ref_cell_id THEN 'reference'
-         ELSE verdict(acmp, true, 'more accurate', 'less accurate') END AS accuracy_verdict
+    ref_significant(cell_id = ref_cell_id, acmp) AS accuracy_significant,
+    ref_verdict(cell_id = ref_cell_id, acmp, true, 'more accurate', 'less accurate') AS accuracy_verdict
 FROM pairs
 ORDER BY framework, model, dataset, config, unit, length, cell_id

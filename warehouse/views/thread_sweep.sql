@@ -40,9 +40,8 @@ SELECT
     throughput_median / ref_throughput_median  AS throughput_ratio,
     tcmp.p_value                               AS p_value,
     tcmp.test                                  AS test,
-    CASE WHEN cell_id = ref_cell_id THEN false ELSE tcmp.significant END AS significant,
-    CASE WHEN cell_id = ref_cell_id THEN 'reference'
-         ELSE verdict(tcmp, true, 'faster', 'slower') END AS verdict,
+    ref_significant(cell_id = ref_cell_id, tcmp) AS significant,
+    ref_verdict(cell_id = ref_cell_id, tcmp, true, 'faster', 'slower') AS verdict,
     coalesce(fastest, false)                   AS fastest
 FROM pairs
 ORDER BY framework, model, dataset, config, threads_n NULLS LAST, cell_id

@@ -62,8 +62,7 @@ SELECT
     (accuracy_median - ref_accuracy_median) * 100          AS accuracy_change,
     tcmp.p_value                                           AS p_value,
     tcmp.test                                              AS test,
-    CASE WHEN cell_id = ref_cell_id THEN false ELSE tcmp.significant END AS significant,
-    CASE WHEN cell_id = ref_cell_id THEN 'reference'
-         ELSE verdict(tcmp, true, 'faster', 'slower') END AS verdict
+    ref_significant(cell_id = ref_cell_id, tcmp) AS significant,
+    ref_verdict(cell_id = ref_cell_id, tcmp, true, 'faster', 'slower') AS verdict
 FROM pairs
 ORDER BY framework, model, dataset, config, workers, global_batch, cell_id

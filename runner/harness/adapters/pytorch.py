@@ -137,11 +137,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     x_test, y_test = _tensors(dataset.test, dataset.shape, device, params["layout"])
     model = _placed(build(params["model"], dataset.shape, dataset.classes), params, device)
     _emit_model(log, params, dataset, model)
-    optimizer = _optimizer(params, model)
-    loss_fn = nn.CrossEntropyLoss()
-    generator = torch.Generator().manual_seed(params["seed"])
-    amp = _autocast(params, device)
-    scaler = _grad_scaler() if params["precision"] == "fp16" else None
+    optimizer, loss_fn, generator, amp, scaler = _training_kit(params, model, device)
     iterations = params["iterations"]
 
     epoch, done = 0, 0
@@ -307,11 +303,7 @@ def _train_workers(params: dict[str, Any], dataset: Dataset, log: EventLog,
         timer = _ExchangeTimer()
         model.register_comm_hook(None, timer.hook)
         _emit_model(log, params, dataset, net)
-        optimizer = _optimizer(params, model)
-        loss_fn = nn.CrossEntropyLoss()
-        generator = torch.Generator().manual_seed(params["seed"])
-        amp = _autocast(params, device)
-        scaler = _grad_scaler() if params["precision"] == "fp16" else None
+        optimizer, loss_fn, generator, amp, scaler = _training_kit(params, model, device)
         batch = distributed.global_batch(params)
         iterations = params["iterations"]
         epoch, done = 0, 0
@@ -531,6 +523,12 @@ def _weight_layout(asked: str) -> str:
 
 
 # --- training and evaluation -----------------------------------------------------------
+
+
+def _training_kit(params: dict[str, Any], model: nn.Module, device: torch.device) -> tuple[Any, ...]:
+    """(optimizer, loss, the cell's seeded generator, autocast or None, gradient scaler or None)."""
+    return (_optimizer(params, model), nn.CrossEntropyLoss(), torch.Generator().manual_seed(params["seed"]),
+            _autocast(params, device), _grad_scaler() if params["precision"] == "fp16" else None)
 
 
 def _shuffled(x: torch.Tensor, y: torch.Tensor, generator: torch.Generator,
