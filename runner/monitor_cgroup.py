@@ -4,7 +4,8 @@ The Docker executor's twin of ``runner/monitor.py``: same 5 Hz thread, same
 ``monitor.jsonl`` record format and the same aggregates, but it reads the container's
 cgroup files instead of walking a process tree (a container's processes live in another
 PID namespace, and the cgroup already sums them).  The files vanish when the container
-exits, so the last sample is the last one read while it ran.
+exits (and empty a moment before: no process left in ``cgroup.procs``), so the last sample
+is the last one read while a process of the container still ran.
 
 Both cgroup layouts are handled (``find_cgroup``):
 
@@ -211,6 +212,9 @@ class CgroupMonitor:
             memory = read_memory(paths)
             if cpu is None or memory is None:  # the container exited: its cgroup is gone
                 break
+            nprocs = count_procs(paths)
+            if nprocs == 0:  # its processes are gone, the cgroup not yet: not a sample of the run
+                break
             dt = now - last_t
             scale = 100.0 / dt if dt > 0 else 0.0
             user = max(0.0, cpu[0] - last_cpu[0]) * scale
@@ -223,7 +227,7 @@ class CgroupMonitor:
             self._usage_peak = max(self._usage_peak, usage)
             if peak is not None:
                 self._cgroup_peak = peak
-            self._record(out, now - start, user, system, iowait, working, usage, count_procs(paths))
+            self._record(out, now - start, user, system, iowait, working, usage, nprocs)
             if now - last_flush >= 1.0:
                 out.flush()
                 last_flush = now

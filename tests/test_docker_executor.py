@@ -21,7 +21,7 @@ from matrun.runner.executors import RunRequest
 from matrun.runner.executors.docker import (CONTAINER_JSON, HARNESS_MOUNT, CellLabels, DockerExecutor, ImageRef,
                                             cell_user, container_kwargs)
 from matrun.runner.matrix import parse_matrix
-from matrun.runner.monitor_cgroup import find_cgroup, read_cpu_seconds, read_memory
+from matrun.runner.monitor_cgroup import CgroupMonitor, find_cgroup, read_cpu_seconds, read_memory
 
 from conftest import built_image
 
@@ -153,6 +153,30 @@ def test_cgroup_v1_cgroupfs_layout(tmp_path):
     assert read_memory(paths) == (800, 1000, 4000)
     (cpu / "cpuacct.usage_user").unlink()  # the container exited
     assert read_cpu_seconds(paths) is None
+
+
+def test_monitor_stops_sampling_once_the_cgroup_has_no_process(tmp_path):
+    """The cgroup outlives its processes for a moment: a sample read then (no process, memory
+    already freed) is not a sample of the run and must not be recorded."""
+    cpu, mem = tmp_path / "cpuacct" / "docker" / CID, tmp_path / "memory" / "docker" / CID
+    _write(cpu / "cpuacct.usage_user", "1500000000\n")
+    _write(cpu / "cpuacct.usage_sys", "500000000\n")
+    _write(cpu / "cgroup.procs", "4242\n")
+    _write(mem / "memory.usage_in_bytes", "1000\n")
+    _write(mem / "memory.stat", "total_inactive_file 200\n")
+    out = tmp_path / "monitor.jsonl"
+    monitor = CgroupMonitor(CID, out, interval_s=0.02, root=tmp_path).start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and len(out.read_text().splitlines() if out.exists() else []) < 4:
+        time.sleep(0.02)
+    (cpu / "cgroup.procs").write_text("")  # the last process exited; then its memory is freed
+    (mem / "memory.usage_in_bytes").write_text("0\n")
+    monitor._thread.join(timeout=5)
+    assert not monitor._thread.is_alive()  # it ended by itself, not by stop()
+    aggregates = monitor.stop()
+    samples = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+    assert len(samples) >= 3 and aggregates["samples"] == len(samples)
+    assert all(s["nprocs"] == 1 and s["rss_bytes"] == 800 for s in samples)
 
 
 def test_no_cgroup_for_an_unknown_container(tmp_path):
