@@ -26,10 +26,12 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -454,6 +456,7 @@ CTLD_HOST = "localhost"  # slurmctld's host name (at 127.0.0.1)
 # same host next to a node named localhost ("Duplicated NodeHostName").
 NODE = "node0"
 FAKE_GPUS = 2
+EPILOG = "epilog"  # the test cluster's Epilog script, in its state directory
 # Partition "multi": two more nodes on the same host, one CPU each and no GPU, each with its
 # own slurmd (Slurm's multiple-slurmd mode: the same NodeHostname, its own port), so that
 # multi-node cells (nodes = 2) are scheduled, started by srun on both and tested for real.
@@ -542,6 +545,8 @@ def cluster_config_text(state_dir: Path, *, ctld_port: int, slurmd_port: int, cp
         "MpiDefault=none",
         "ReturnToService=2",
         f"KillWait={kill_wait}",
+        # removes the containers of a task Slurm SIGKILLed (runner/slurm_epilog.py)
+        f"Epilog={s / EPILOG}",
         f"MinJobAge={min_job_age}",
         "SchedulerType=sched/backfill",
         f"NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={CTLD_HOST} Port={slurmd_port} CPUs={cpus} "
@@ -557,6 +562,14 @@ def cluster_config_text(state_dir: Path, *, ctld_port: int, slurmd_port: int, cp
     gres = (f"NodeName={NODE} Name=gpu File={s / 'dev' / 'nvidia'}[0-{gpus - 1}]\n" if gpus > 1 else
             f"NodeName={NODE} Name=gpu File={s / 'dev' / 'nvidia0'}\n")
     return conf, gres
+
+
+def epilog_script(python: str) -> str:
+    """The test cluster's Epilog: matrun's epilog run by this interpreter (slurmd runs the
+    Epilog as an executable with no arguments)."""
+    return ("#!/bin/sh\n# Written by matrun (runner/slurm.py): remove the containers of a matrun task "
+            "Slurm killed.\n"
+            f"exec {shlex.quote(python)} -m matrun.runner.slurm_epilog\n")
 
 
 def write_cluster_config(state_dir: Path, **kwargs: Any) -> Path:
@@ -583,6 +596,9 @@ def write_cluster_config(state_dir: Path, **kwargs: Any) -> Path:
         with os.fdopen(fd, "wb") as fh:
             fh.write(os.urandom(1024))
     conf, gres = cluster_config_text(state_dir, **kwargs)
+    epilog = state_dir / EPILOG
+    epilog.write_text(epilog_script(sys.executable))
+    os.chmod(epilog, 0o755)
     (state_dir / "slurm.conf").write_text(conf)
     (state_dir / "gres.conf").write_text(gres)
     return state_dir / "slurm.conf"

@@ -17,7 +17,10 @@ The container is not a child of the task: Slurm's process tracking cannot see it
 traps SIGTERM and SIGINT (scancel, the time limit, a node shutdown): the docker executor
 removes the container, any container of this run the engine still holds is removed too (one
 created in the instant the signal came), and the task exits 143 without a result.  The sweep
-then writes the run's result from Slurm's state (cancelled, timeout, …).
+then writes the run's result from Slurm's state (cancelled, timeout, …).  A SIGKILL cannot be
+trapped: the container carries the labels ``matrun.slurm_job=<SLURM_JOB_ID>`` and
+``matrun.slurm_cluster``, and the nodes'
+Epilog (``runner/slurm_epilog.py``) removes it when Slurm ends the job.
 """
 
 from __future__ import annotations
@@ -133,7 +136,10 @@ def _run(run_dir: Path, spec: dict[str, Any], key: Any, host: dict[str, Any], *,
         else:
             from matrun.runner.executors.docker import DockerExecutor
 
-            outcome = DockerExecutor().run(request)
+            # labelled with this task's job id: if Slurm SIGKILLs the task, its epilog
+            # (runner/slurm_epilog.py) removes the container the task could not
+            outcome = DockerExecutor(slurm_job=os.environ.get("SLURM_JOB_ID", ""),
+                                     slurm_cluster=os.environ.get("SLURM_CLUSTER_NAME", "")).run(request)
     except Exception as exc:  # no engine on this node, no image built from the recipe, no rendezvous, …
         outcome = RunOutcome(status="failed", exit_code=None,
                              error_tail=f"[matrun] the Slurm task could not run the cell on "

@@ -75,6 +75,16 @@ def test_cpu_cell_container_is_exact(tmp_path):
     }
 
 
+def test_a_container_started_by_a_slurm_task_carries_its_job_id(tmp_path):
+    """The label the nodes' Slurm epilog removes a SIGKILLed task's container by."""
+    kwargs = container_kwargs(params(), image=IMAGE, run_dir=tmp_path, data_dir=tmp_path / "none",
+                              stage=Path("/stage"), labels=CellLabels("s", "c", "0-1", "4711", "hpc"),
+                              user="1000:1000")
+    assert kwargs["labels"] == {"matrun.sweep": "s", "matrun.cell": "c", "matrun.run": "0-1",
+                                "matrun.role": "cell", "matrun.slurm_job": "4711",
+                                "matrun.slurm_cluster": "hpc"}
+
+
 def test_gpu_cell_sends_a_device_request_and_names_its_gpus(tmp_path):
     """No GPU here: this is exactly what a 2-GPU cell would send to the engine."""
     import docker

@@ -194,6 +194,47 @@ def test_multi_node_cells_need_the_local_runtime():
     assert local.enforces == frozenset({"cpuset"}) and SlurmExecutor().enforces == {"memory_limit", "cpuset"}
 
 
+@pytest.mark.parametrize("job_id", [None, "", "abc", "12;reboot", "$(id)", "-1", " 12 x"])
+def test_the_epilog_does_nothing_and_exits_0_without_a_job_id(job_id, capsys):
+    from matrun.runner import slurm_epilog
+
+    environ = {} if job_id is None else {"SLURM_JOB_ID": job_id}
+    assert slurm_epilog.main(environ={**environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}) == 0
+    assert "SLURM_JOB_ID is not set to a job id; nothing to do" in capsys.readouterr().err
+
+
+def test_the_epilog_exits_0_when_no_engine_answers(capsys, monkeypatch):
+    # A failing epilog drains the node: no engine (a local-runtime node) is nothing to remove.
+    from matrun.runner import slurm_epilog
+
+    monkeypatch.setattr(slurm_epilog, "SYSTEM_SOCKET", "unix:///nonexistent/system.sock")
+    assert slurm_epilog.main(environ={"SLURM_JOB_ID": "17", "SLURM_JOB_UID": "0",
+                                      "DOCKER_HOST": "unix:///nonexistent/docker.sock"}) == 0
+    monkeypatch.setattr(slurm_epilog, "remove_job_containers", lambda *a, **k: 1 / 0)
+    assert slurm_epilog.main(environ={"SLURM_JOB_ID": "17"}) == 0
+    assert "matrun-slurm-epilog: job 17: division by zero" in capsys.readouterr().err
+
+
+def test_the_epilog_asks_these_engines():
+    from matrun.runner.slurm_epilog import engine_urls
+
+    assert engine_urls({}) == ["unix:///var/run/docker.sock"]
+    assert engine_urls({"DOCKER_HOST": "unix:///run/d.sock", "SLURM_JOB_UID": "1000"}) == [
+        "unix:///run/d.sock", "unix:///var/run/docker.sock", "unix:///run/user/1000/docker.sock"]
+    assert engine_urls({"DOCKER_HOST": "unix:///var/run/docker.sock", "SLURM_JOB_UID": "../../x"}) == [
+        "unix:///var/run/docker.sock"]
+
+
+def test_the_test_cluster_runs_matrun_s_epilog(tmp_path):
+    from matrun.runner.slurm import EPILOG, cluster_config_text, epilog_script
+
+    conf, _ = cluster_config_text(tmp_path, ctld_port=1, slurmd_port=2, cpus=2, memory_mb=1024)
+    assert f"Epilog={tmp_path / EPILOG}" in conf.splitlines()
+    assert epilog_script("/opt/my venv/bin/python") == (
+        "#!/bin/sh\n# Written by matrun (runner/slurm.py): remove the containers of a matrun task Slurm killed.\n"
+        "exec '/opt/my venv/bin/python' -m matrun.runner.slurm_epilog\n")
+
+
 def test_squeue_and_jobcomp_records_are_read():
     # squeue --json of Slurm 22.05 (wait status) and 23+ (objects, state lists); a pending array rest.
     text = json.dumps({"jobs": [
@@ -396,6 +437,8 @@ def test_a_sweep_runs_as_a_job_array_and_lands_in_duckdb(tmp_path, slurm_cluster
     assert {r["array_job_id"] for r in records} == {job["job_id"]} and {r["node"] for r in records} == {"node0"}
     from matrun.runner.slurm import parse_jobcomp
 
+    # The sweep is done once the tasks wrote their results; Slurm ends the jobs after the epilog.
+    wait_for(lambda: active_jobs(slurm_cluster, name) == [], 30, "Slurm to end the jobs (their epilog)")
     comp = parse_jobcomp((slurm_cluster.state_dir / "jobcomp.log").read_text(), job_ids=[job["job_id"]])
     live = parse_squeue_json(json.dumps({"jobs": squeue_tasks(slurm_cluster)}), job_ids=[job["job_id"]])
     assert {k: (v.state, v.exit_code) for k, v in comp.items()} == \
@@ -488,6 +531,62 @@ def test_cancel_leaves_no_job_and_no_container(tmp_path, slurm_cluster, docker_c
     # The task Slurm never started left nothing behind; the next sweep runs both cells again.
     assert len(list((tmp_path / "results" / name).glob("*/*/spec.json"))) == 1
     assert "nothing to cancel" in matrun("cancel", cwd=tmp_path, cluster=slurm_cluster).stdout
+
+
+@pytest.mark.slow
+def test_the_epilog_removes_the_container_of_a_task_slurm_killed(tmp_path, slurm_cluster, docker_client,
+                                                                torch_image):
+    # SIGKILL cannot be trapped: the task cannot remove its container; the nodes' Epilog does.
+    name = write_matrix(tmp_path, fixed=LONG, slurm="exclusive = false")
+    try:
+        matrun("sweep", "--detach", cwd=tmp_path, cluster=slurm_cluster)
+        (container,) = wait_for(lambda: [c for c in containers_of(docker_client, name) if c.status == "running"],
+                                90, "the task's container")
+        (record_path,) = (tmp_path / "results" / name).glob("*/*/slurm.json")
+        record = json.loads(record_path.read_text())
+        assert container.labels["matrun.slurm_job"] == record["job_id"] and record["job_id"].isdigit()
+        assert container.labels["matrun.slurm_cluster"] == "matrun"
+        os.kill(record["pid"], signal.SIGKILL)  # the task process Slurm started for this test
+        wait_for(lambda: active_jobs(slurm_cluster, name) == [], 60, "the job to end (its epilog run)")
+        assert containers_of(docker_client, name) == []  # removed by the epilog as the job ended
+        # ingest, not sweep (a sweep would run the failed run again as a new attempt), once Slurm's
+        # FAILED has stood for the [slurm] grace
+        ingest = ("ingest", "results")
+        wait_for(lambda: "ingested 1 run(s)" in matrun(*ingest, cwd=tmp_path, cluster=slurm_cluster).stdout, 30,
+                 "the run to be recorded")
+        ((status, tail),) = sql(tmp_path / "matrun.duckdb", "SELECT status, error_tail FROM runs")
+        assert status == "failed" and "killed by signal 9" in tail
+    finally:  # a failed run of this test leaves no container running
+        for container in containers_of(docker_client, name):
+            container.remove(force=True)
+
+
+@pytest.mark.slow
+def test_the_epilog_removes_only_its_own_jobs_containers(tmp_path, docker_client, torch_image):
+    from matrun.runner.engine import BASE_IMAGE
+
+    def start(job: str, cluster: str = "matrun"):
+        return docker_client.containers.run(BASE_IMAGE, ["sleep", "120"], detach=True, network_mode="none",
+                                            labels={"matrun.slurm_job": job, "matrun.slurm_cluster": cluster,
+                                                    "matrun.sweep": "epilogtest"})
+
+    mine, other, elsewhere, unlabelled = start("424242"), start("4242420"), start("424242", "othercluster"), None
+    try:
+        unlabelled = docker_client.containers.run(BASE_IMAGE, ["sleep", "120"], detach=True, network_mode="none")
+        proc = subprocess.run([sys.executable, "-m", "matrun.runner.slurm_epilog"], capture_output=True, text=True,
+                              env={**os.environ, "SLURM_JOB_ID": "424242", "SLURM_CLUSTER_NAME": "matrun"},
+                              timeout=60)
+        assert proc.returncode == 0
+        assert f"job 424242: removed container {mine.short_id} (sweep epilogtest" in proc.stderr
+        left = {c.id for c in docker_client.containers.list(all=True)}
+        assert mine.id not in left and {other.id, elsewhere.id, unlabelled.id} <= left
+    finally:
+        for c in (mine, other, elsewhere, unlabelled):
+            if c is not None:
+                try:
+                    c.remove(force=True)
+                except Exception:
+                    pass
 
 
 @pytest.mark.slow

@@ -73,10 +73,17 @@ class CellLabels:
     sweep: str
     cell: str
     run: str
+    slurm_job: str = ""  # the Slurm job whose task started the container (its epilog removes it)
+    slurm_cluster: str = ""  # and its cluster (job ids are only unique within one)
 
     def as_dict(self) -> dict[str, str]:
-        return {"matrun.sweep": self.sweep, "matrun.cell": self.cell, "matrun.run": self.run,
-                "matrun.role": "cell"}
+        labels = {"matrun.sweep": self.sweep, "matrun.cell": self.cell, "matrun.run": self.run,
+                  "matrun.role": "cell"}
+        if self.slurm_job:
+            labels["matrun.slurm_job"] = self.slurm_job
+        if self.slurm_cluster:
+            labels["matrun.slurm_cluster"] = self.slurm_cluster
+        return labels
 
 
 @dataclass
@@ -163,12 +170,12 @@ def _memory_limit(request: RunRequest) -> int | str | None:
     return value or None
 
 
-def _labels(run_dir: Path) -> CellLabels:
+def _labels(run_dir: Path, slurm: tuple[str, str] = ("", "")) -> CellLabels:
     try:
         spec = json.loads((run_dir / SPEC).read_text())
-        return CellLabels(str(spec["sweep"]), str(spec["cell_id"]), f"{spec['repeat']}-{spec['attempt']}")
+        return CellLabels(str(spec["sweep"]), str(spec["cell_id"]), f"{spec['repeat']}-{spec['attempt']}", *slurm)
     except (OSError, ValueError, KeyError):
-        return CellLabels("", run_dir.parent.name, run_dir.name)
+        return CellLabels("", run_dir.parent.name, run_dir.name, *slurm)
 
 
 class DockerExecutor:
@@ -177,8 +184,10 @@ class DockerExecutor:
 
     def __init__(self, client: "docker.DockerClient | None" = None, *,
                  images: Mapping[tuple[str, str], str] | None = None, shm_size: str = DEFAULT_SHM_SIZE,
-                 docker_host: str | None = None) -> None:
+                 docker_host: str | None = None, slurm_job: str = "", slurm_cluster: str = "") -> None:
         self._client = client
+        # set by a Slurm task: the labels runner/slurm_epilog.py finds the task's containers by
+        self.slurm = (slurm_job, slurm_cluster)
         self._docker_host = docker_host
         self._images = dict(images or {})  # (framework, variant) → tag; else the newest labelled image
         self._refs: dict[tuple[str, str], ImageRef] = {}
@@ -258,7 +267,7 @@ class DockerExecutor:
         # A multi-worker cell: every worker in this one container (the network is already none).
         plan = write_plan(run_dir, params, network="inherit")
         kwargs = container_kwargs(params, image=ref, run_dir=run_dir, data_dir=request.data_dir,
-                                  stage=stage_harness(), labels=_labels(run_dir), user=user,
+                                  stage=stage_harness(), labels=_labels(run_dir, self.slurm), user=user,
                                   memory_limit=_memory_limit(request), shm_size=self.shm_size, plan=plan)
         started = datetime.now(timezone.utc)
         t0 = time.monotonic()

@@ -18,6 +18,8 @@ directories and their ``spec.json`` exist from submission on (``matrun status`` 
 local executor: ``[slurm] runtime = "local"``; a multi-node cell's task runs on each of its
 nodes through srun) and write ``result.json`` as a local sweep does.  On SIGTERM / SIGINT (scancel, the time limit)
 the task removes its container and exits without a result: the run's status comes from Slurm.
+A task SIGKILLed cannot: the nodes' Epilog (``runner/slurm_epilog.py``) removes its container
+by the job-id label the docker executor set.
 
 **State** (``SweepJobs.refresh``).  ``squeue --json -t all`` while Slurm lists the job, then the
 ``jobcomp/filetxt`` log, then ``sacct`` where there is accounting (``runner/slurm.py``).  A task
