@@ -150,13 +150,20 @@ def test_cgroup_v2_systemd_layout(tmp_path):
     assert read_memory(paths) == (400, 500, 900)
 
 
-def test_cgroup_v1_cgroupfs_layout(tmp_path):
-    cpu, mem = tmp_path / "cpuacct" / "docker" / CID, tmp_path / "memory" / "docker" / CID
+def _v1_tree(root: Path) -> tuple[Path, Path]:
+    """A running container's cgroup v1 (cgroupfs) directories: (cpuacct, memory)."""
+    cpu, mem = root / "cpuacct" / "docker" / CID, root / "memory" / "docker" / CID
     _write(cpu / "cpuacct.usage_user", "1500000000\n")
     _write(cpu / "cpuacct.usage_sys", "500000000\n")
+    _write(cpu / "cgroup.procs", "4242\n")
     _write(mem / "memory.usage_in_bytes", "1000\n")
     _write(mem / "memory.max_usage_in_bytes", "4000\n")
     _write(mem / "memory.stat", "cache 10\ntotal_inactive_file 200\n")
+    return cpu, mem
+
+
+def test_cgroup_v1_cgroupfs_layout(tmp_path):
+    cpu, mem = _v1_tree(tmp_path)
     paths = find_cgroup(CID, tmp_path)
     assert paths is not None and paths.version == 1 and (paths.cpu, paths.memory) == (cpu, mem)
     assert read_cpu_seconds(paths) == (1.5, 0.5)
@@ -168,12 +175,7 @@ def test_cgroup_v1_cgroupfs_layout(tmp_path):
 def test_monitor_stops_sampling_once_the_cgroup_has_no_process(tmp_path):
     """The cgroup outlives its processes for a moment: a sample read then (no process, memory
     already freed) is not a sample of the run and must not be recorded."""
-    cpu, mem = tmp_path / "cpuacct" / "docker" / CID, tmp_path / "memory" / "docker" / CID
-    _write(cpu / "cpuacct.usage_user", "1500000000\n")
-    _write(cpu / "cpuacct.usage_sys", "500000000\n")
-    _write(cpu / "cgroup.procs", "4242\n")
-    _write(mem / "memory.usage_in_bytes", "1000\n")
-    _write(mem / "memory.stat", "total_inactive_file 200\n")
+    cpu, mem = _v1_tree(tmp_path)
     out = tmp_path / "monitor.jsonl"
     monitor = CgroupMonitor(CID, out, interval_s=0.02, root=tmp_path).start()
     deadline = time.monotonic() + 5

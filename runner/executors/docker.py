@@ -40,6 +40,7 @@ from matrun.runner.executors.local import (
 from matrun.runner.executors.workers import host_refusal, write_plan
 from matrun.runner.monitor_cgroup import CgroupMonitor
 from matrun.runner.params import cpuset_cpus
+from matrun.runner.slurm_epilog import CLUSTER_LABEL as SLURM_CLUSTER_LABEL, JOB_LABEL as SLURM_JOB_LABEL
 
 if TYPE_CHECKING:
     import docker
@@ -80,9 +81,9 @@ class CellLabels:
         labels = {"matrun.sweep": self.sweep, "matrun.cell": self.cell, "matrun.run": self.run,
                   "matrun.role": "cell"}
         if self.slurm_job:
-            labels["matrun.slurm_job"] = self.slurm_job
+            labels[SLURM_JOB_LABEL] = self.slurm_job
         if self.slurm_cluster:
-            labels["matrun.slurm_cluster"] = self.slurm_cluster
+            labels[SLURM_CLUSTER_LABEL] = self.slurm_cluster
         return labels
 
 
