@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from matrun.runner.bundle import EVENTS, SPEC, write_json_atomic
-from matrun.runner.datasets import default_data_dir
+from matrun.warehouse.bundles.write import EVENTS, SPEC, write_json_atomic
+from matrun.runner.datasets.staging import default_data_dir
 
 MATRUN = str(Path(sys.executable).with_name("matrun"))
 VARIANTS = ("cpu", "cpu-openblas", "cpu-blis", "cpu-reference")
@@ -75,7 +75,7 @@ variant = [{variants}]
 
 def fixed_params(a: argparse.Namespace) -> dict[str, Any]:
     """The cell's parameters (variant ``cpu``), as the matrix parser completes them."""
-    from matrun.runner.matrix import parse_matrix
+    from matrun.runner.planning.matrix import parse_matrix
 
     fixed = {"framework": "torch", "model": "lenet5", "dataset": "fashion-mnist", "batch_size": a.batch,
              "lr": 0.01, "optimizer": "sgd", "momentum": 0.9, "warmup_steps": a.warmup, "threads": a.threads,
@@ -120,8 +120,8 @@ def through_sweep(a: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
 def direct(a: argparse.Namespace, work: Path, images: dict[str, str]) -> list[dict[str, Any]]:
     """Each cell in its own container of ``images[variant]``, as the docker executor starts it."""
-    from matrun.runner.engine import connect
-    from matrun.runner.envs import stage_harness
+    from matrun.runner.environments.engine import connect
+    from matrun.runner.environments.venvs import stage_harness
     from matrun.runner.executors.docker import NOBODY, CellLabels, ImageRef, cell_user, container_kwargs
 
     client = connect()
@@ -169,7 +169,7 @@ def direct(a: argparse.Namespace, work: Path, images: dict[str, str]) -> list[di
 
 def newest_image(client: Any, variant: str) -> str:
     """The newest image matrun built for torch ``variant`` from its current recipe."""
-    from matrun.runner.build import LABEL, recipe_hash
+    from matrun.runner.environments.images import LABEL, recipe_hash
 
     labels = [f"{LABEL}.framework=torch", f"{LABEL}.variant={variant}",
               f"{LABEL}.recipe-hash={recipe_hash('torch', variant)}"]

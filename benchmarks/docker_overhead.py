@@ -26,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from matrun.runner.bundle import EVENTS, SPEC, write_json_atomic
-from matrun.runner.datasets import default_data_dir
-from matrun.runner.envs import ensure_env
-from matrun.runner.executors import RunRequest
+from matrun.warehouse.bundles.write import EVENTS, SPEC, write_json_atomic
+from matrun.runner.datasets.staging import default_data_dir
+from matrun.runner.environments.venvs import ensure_env
+from matrun.runner.executors.protocol import RunRequest
 from matrun.runner.executors.docker import DockerExecutor
 from matrun.runner.executors.local import LocalExecutor
-from matrun.runner.matrix import parse_matrix
+from matrun.runner.planning.matrix import parse_matrix
 
 
 def cell(threads: int, batch: int, steps: int, warmup: int, cpuset: str) -> dict:

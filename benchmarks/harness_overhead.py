@@ -21,8 +21,8 @@ from pathlib import Path
 
 import duckdb
 
-from matrun.runner.envs import ensure_env
-from matrun.runner.datasets import default_data_dir
+from matrun.runner.environments.venvs import ensure_env
+from matrun.runner.datasets.staging import default_data_dir
 
 HERE = Path(__file__).resolve().parent
 MATRUN = str(Path(sys.executable).with_name("matrun"))

@@ -19,8 +19,8 @@ import os
 import time
 from pathlib import Path
 
-from matrun.runner import build, engine
-from matrun.runner.frameworks import frameworks
+from matrun.runner.environments import engine, images as build
+from matrun.frameworks import frameworks
 
 
 def cpu_variants() -> list[tuple[str, str]]:

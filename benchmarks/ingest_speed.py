@@ -5,7 +5,7 @@
 It writes BUNDLES fabricated bundles of STEPS steps each into a temporary directory, ingests
 them into a fresh warehouse, then ingests them again (every bundle unchanged), and prints
 the times.  The bundles are made by ``tests/bundle_factory.py`` (the same factory the tests
-use, which writes the exact on-disk format through ``matrun.runner.bundle``): this script puts
+use, which writes the exact on-disk format through ``matrun.warehouse.bundles.write``): this script puts
 the repository's ``tests/`` folder on ``sys.path`` to import it, so run it from a checkout with
 matrun installed.
 """

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from matrun.runner.monitor import DEFAULT_INTERVAL_S, Monitor
+from matrun.runner.executors.monitor import DEFAULT_INTERVAL_S, Monitor
 
 TREE = ("import subprocess, sys, time\n"
         "kids = [subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.01)']) for _ in range(2)]\n"

@@ -1,6 +1,6 @@
 """Slurm scheduling overhead: what the slurm executor adds per cell on a one-node cluster.
 
-Starts a one-node cluster of its own (``runner/slurm.py``, stopped again at the end; or uses
+Starts a one-node cluster of its own (``runner/slurm/cluster.py``, stopped again at the end; or uses
 the one ``SLURM_CONF`` names with ``--existing``), runs N tiny cells (synthetic LeNet-5, one
 epoch, 1 thread on CPU 0) with ``matrun sweep --executor slurm`` in this process (default
 settings: ``--exclusive``, so the tasks run one after another), then the same cells with the
@@ -34,7 +34,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from matrun.runner import slurm
+from matrun.runner.slurm import cluster as slurm
 from matrun.runner.sweep import run_sweep
 
 MATRIX = """[sweep]

@@ -8,7 +8,7 @@ the warehouse loses nothing: ``matrun ingest`` picks the bundle up later.
 
 Local and docker executors run one cell at a time here.  An *asynchronous* executor (slurm)
 gets every run at once: the sweep writes each run's directory and ``spec.json``, the executor
-submits them (``runner/executors/slurm.py``), and the sweep then polls — ingesting each run
+submits them (``runner/slurm/executor.py``), and the sweep then polls — ingesting each run
 as its ``result.json`` appears — until none is queued or running (or returns at once with
 ``detach``).  Runs already queued or running from an earlier (detached) sweep are waited for,
 never submitted again.  Ctrl-C / SIGTERM cancels the sweep's jobs (``scancel``), waits until
@@ -31,10 +31,11 @@ import psutil
 
 import matrun
 from matrun.errors import InputError, MatrunError, SweepLocked
-from matrun.runner.bundle import RESULT, SCHEMA_VERSION, SPEC, RunKey, next_attempt, write_json_atomic
-from matrun.runner.executors import RunOutcome, RunRequest, get_executor
-from matrun.runner.matrix import Matrix, load_matrix
-from matrun.runner.plan import (
+from matrun.warehouse.bundles.write import RESULT, SCHEMA_VERSION, SPEC, RunKey, next_attempt, write_json_atomic
+from matrun.runner.executors.protocol import RunOutcome, RunRequest
+from matrun.runner.executors.registry import get_executor
+from matrun.runner.planning.matrix import Matrix, load_matrix
+from matrun.runner.planning.identity import (
     PlannedCell, done_runs, durations, parse_where, plan_cells, preflight, preflight_data, resolve_data_dir,
     select,
 )
@@ -181,7 +182,7 @@ def _run_async(runner, jobs, matrix: Matrix, todo: list[tuple[PlannedCell, int]]
                emit: Callable[[SweepEvent], None], *, detach: bool) -> SweepSummary:
     """Submit ``todo`` through an asynchronous executor, then (unless ``detach``) ingest every run
     of the sweep's submissions as it finishes until none is queued or running."""
-    from matrun.runner.executors.slurm import PreparedRun
+    from matrun.runner.slurm.executor import PreparedRun
 
     sweep_dir = matrix.sweep.results / matrix.sweep.name
     cells = {pc.cell_id: pc for pc, _ in todo}
@@ -280,7 +281,7 @@ def cancel_sweep(*, matrix_path: Path, wait_s: float = CANCEL_WAIT_S,
     """``matrun cancel``: scancel the sweep's recorded Slurm jobs, wait until their tasks have
     stopped their containers, record what ran as cancelled and ingest it (unless a running
     ``matrun sweep`` holds the sweep: it does that itself)."""
-    from matrun.runner.executors.slurm import SweepJobs
+    from matrun.runner.slurm.executor import SweepJobs
 
     matrix = load_matrix(matrix_path)
     sweep_dir = matrix.sweep.results / matrix.sweep.name

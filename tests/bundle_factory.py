@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from matrun.runner.bundle import (
+from matrun.warehouse.bundles.write import (
     EVENTS,
     MONITOR,
     SCHEMA_VERSION,

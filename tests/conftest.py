@@ -19,7 +19,7 @@ def torch_python() -> Path:
     override = os.environ.get("MATRUN_TEST_TORCH_PYTHON")
     if override:
         return Path(override)
-    from matrun.runner.envs import ensure_env
+    from matrun.runner.environments.venvs import ensure_env
 
     return ensure_env("torch", "cpu").python
 
@@ -35,7 +35,7 @@ def fashion_mnist_root() -> Path:
 @pytest.fixture(scope="session")
 def torch_env():
     """The real PyTorch environment the local executor uses (built once, then reused)."""
-    from matrun.runner.envs import ensure_env
+    from matrun.runner.environments.venvs import ensure_env
 
     return ensure_env("torch", "cpu")
 
@@ -43,7 +43,7 @@ def torch_env():
 @pytest.fixture(scope="session")
 def stage() -> Path:
     """The staged harness, exactly as the host puts it on a cell's PYTHONPATH."""
-    from matrun.runner.envs import stage_harness
+    from matrun.runner.environments.venvs import stage_harness
 
     return stage_harness()
 
@@ -51,7 +51,7 @@ def stage() -> Path:
 @pytest.fixture(scope="session")
 def tf_env():
     """The real TensorFlow environment the local executor uses (built once, then reused)."""
-    from matrun.runner.envs import ensure_env
+    from matrun.runner.environments.venvs import ensure_env
 
     return ensure_env("tensorflow", "cpu")
 
@@ -59,7 +59,7 @@ def tf_env():
 @pytest.fixture(scope="session")
 def mxnet_env():
     """The real MXNet environment the local executor uses (built once, then reused)."""
-    from matrun.runner.envs import ensure_env
+    from matrun.runner.environments.venvs import ensure_env
 
     return ensure_env("mxnet", "cpu")
 
@@ -87,7 +87,7 @@ def engine_missing(reason: str):
 def docker_client():
     """A client of the local Docker engine."""
     try:
-        from matrun.runner.engine import connect
+        from matrun.runner.environments.engine import connect
 
         return connect()
     except Exception as exc:  # EngineUnavailable; InputError for a DOCKER_HOST matrun refuses
@@ -114,7 +114,7 @@ def built_image(client, framework: str, variant: str):
     and the variant's promise check) on the debootstrapped base when missing; once a session."""
     key = (framework, variant)
     if key not in _BUILT:
-        from matrun.runner import build, engine
+        from matrun.runner.environments import engine, images as build
 
         try:
             engine.ensure_base_image(client)
@@ -135,7 +135,7 @@ def cpu_images(docker_client):
 
 # --- a real one-node Slurm cluster -------------------------------------------------------------
 # Debian's slurmctld / slurmd / slurm-client / munge (`make test` installs them).  The session
-# starts a cluster of its own (runner/slurm.py: private munged, slurmctld -D, slurmd -D, free
+# starts a cluster of its own (runner/slurm/cluster.py: private munged, slurmctld -D, slurmd -D, free
 # ports, two fake GPUs) and stops it by its recorded PIDs at the end (.ci/run stops it again
 # from $MATRUN_SLURM_STATE in case pytest itself was killed).  Without Slurm the tests
 # skip with the reason, except where MATRUN_REQUIRE_SLURM=1 (CI: .ci/run): then they fail.
@@ -154,7 +154,7 @@ def slurm_cluster():
     import shutil
     import tempfile
 
-    from matrun.runner import slurm
+    from matrun.runner.slurm import cluster as slurm
 
     missing = [c for c in ("munged", "slurmctld", "slurmd", "sbatch", "squeue") if shutil.which(c) is None]
     if missing:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bundle_factory import make_bundle, patch_events, read_json
-from matrun.runner.bundle import write_json_atomic
+from matrun.warehouse.bundles.write import write_json_atomic
 from matrun.warehouse.db import open_warehouse
 from matrun.warehouse.ingest import ingest
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from matrun.errors import InputError
-from matrun.runner import build, engine
-from matrun.runner.frameworks import frameworks
+from matrun.runner.environments import engine, images as build
+from matrun.frameworks import frameworks
 
 REPO_IMAGES = Path(__file__).resolve().parents[1] / "images"
 TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"

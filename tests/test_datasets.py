@@ -28,10 +28,10 @@ import pytest
 from typer.testing import CliRunner
 
 from matrun.errors import DataError, InputError
-from matrun.runner import datasets, safe_pickle
-from matrun.runner.cli_data import data_app
+from matrun.runner.datasets import staging as datasets, safe_pickle
+from matrun.runner.cli.data import data_app
 from matrun.runner.harness import DataError as CellDataError
-from matrun.runner.harness import data
+from matrun.runner.harness import datasets as data
 
 BASE = {"train_limit": 0, "test_limit": 0, "seed": 0}
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from matrun.runner.bundle import EVENTS, MONITOR, SPEC, STDERR, STDOUT, write_json_atomic
-from matrun.runner.executors import RunRequest
+from matrun.warehouse.bundles.write import EVENTS, MONITOR, SPEC, STDERR, STDOUT, write_json_atomic
+from matrun.runner.executors.protocol import RunRequest
 from matrun.runner.executors.docker import (CONTAINER_JSON, HARNESS_MOUNT, CellLabels, DockerExecutor, ImageRef,
                                             cell_user, container_kwargs)
-from matrun.runner.matrix import parse_matrix
-from matrun.runner.monitor_cgroup import CgroupMonitor, find_cgroup, read_cpu_seconds, read_memory
+from matrun.runner.planning.matrix import parse_matrix
+from matrun.runner.executors.monitor_cgroup import CgroupMonitor, find_cgroup, read_cpu_seconds, read_memory
 
 from conftest import built_image
 
@@ -294,7 +294,7 @@ def test_crash_is_failed_with_the_container_logs_in_the_bundle(tmp_path, client,
 _CANCEL_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from matrun.runner.executors import RunRequest
+    from matrun.runner.executors.protocol import RunRequest
     from matrun.runner.executors.docker import DockerExecutor
     run_dir, p = Path(sys.argv[1]), json.loads(sys.argv[2])
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer.main
 
 from matrun.runner.cli import app
-from matrun.runner.params import PARAMS
+from matrun.runner.planning.params import PARAMS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def test_readme_gives_the_two_commands_and_ci_runs_the_test_one():
 
 
 def test_the_complete_example_in_the_matrix_docs_expands_as_described(tmp_path):
-    from matrun.runner.matrix import load_matrix
+    from matrun.runner.planning.matrix import load_matrix
 
     doc = (ROOT / "docs" / "MATRIX.md").read_text(encoding="utf-8")
     example = re.search(r"## A complete example\n\n```toml\n(.*?)```", doc, flags=re.S).group(1)
@@ -62,7 +62,7 @@ def test_the_complete_example_in_the_matrix_docs_expands_as_described(tmp_path):
 
 
 def test_every_framework_has_its_adapter_and_its_pins():
-    from matrun.runner.frameworks import frameworks
+    from matrun.frameworks import frameworks
     from matrun.runner.harness.adapters import ADAPTERS
 
     described = {name: fw.adapter for name, fw in frameworks().items()}

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from matrun.runner.frameworks import frameworks
+from matrun.frameworks import frameworks
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from matrun.runner import harness
-from matrun.runner.harness import DataError, SpecError, data, load_spec
+from matrun.runner.harness import DataError, SpecError, load_spec
+from matrun.runner.harness import datasets as data
 from matrun.runner.harness.adapters import known_frameworks
 from matrun.runner.harness.events import EventLog, throughput
 
@@ -288,7 +289,7 @@ def test_zoo_parameter_counts_match_models(torch_python: Path, stage: Path) -> N
     one child module per entry of its layer list, named after it."""
     code = (
         "import json, sys\n"
-        "from matrun.runner.harness.adapters.pytorch import build, parameter_count\n"
+        "from matrun.runner.harness.adapters.torch import build, parameter_count\n"
         "from matrun.runner.harness.models import MODELS, param_count\n"
         "for name, shape, classes in json.loads(sys.argv[1]):\n"
         "    model = build(name, tuple(shape), classes)\n"
@@ -308,7 +309,7 @@ def test_gpu_switches_as_configured(torch_python: Path, stage: Path) -> None:
     plain settings that exist without CUDA) and that ``layout`` reaches the conv weights."""
     code = (
         "import json, sys, torch\n"
-        "from matrun.runner.harness.adapters import pytorch\n"
+        "from matrun.runner.harness.adapters import torch as pytorch\n"
         "for change in json.loads(sys.argv[2]):\n"
         "    params = {**json.loads(sys.argv[1]), **change}\n"
         "    pytorch.configure(params)\n"
@@ -499,8 +500,8 @@ def test_sigterm_keeps_the_buffered_steps(torch_python: Path, stage: Path, tmp_p
 def test_harness_runs_without_host_dependencies(torch_python: Path, stage: Path) -> None:
     code = (
         "import sys\n"
-        "from matrun.runner.harness import run_cell, data, events, probe\n"
-        "from matrun.runner.harness.adapters import pytorch\n"
+        "from matrun.runner.harness import run_cell, events, probe\nfrom matrun.runner.harness import datasets as data\n"
+        "from matrun.runner.harness.adapters import torch as pytorch\n"
         "from matrun.runner.harness.__main__ import main\n"
         "host = {'typer', 'rich', 'duckdb', 'polars', 'pyarrow', 'plotly', 'psutil', 'pydantic'}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in host))\n"
@@ -531,7 +532,7 @@ def test_labels_are_int64_arrays() -> None:
 
 def test_spec_as_the_host_writes_it_is_accepted(tmp_path: Path) -> None:
     """The host's canonical form nulls what a cell does not use (docs/BUNDLE.md)."""
-    from matrun.runner.matrix import parse_matrix
+    from matrun.runner.planning.matrix import parse_matrix
 
     (cell,) = parse_matrix({"fixed": {"dataset": "fashion-mnist", "optimizer": "adam", "iterations": 9}},
                            path=Path("matrix.toml")).cells
@@ -590,7 +591,7 @@ def test_new_keys_accept_their_values(tmp_path: Path) -> None:
 
 def test_inference_spec_as_the_host_writes_it_is_accepted(tmp_path: Path) -> None:
     """Inference nulls the optimizer keys and epochs; a cpu cell nulls gpus (matrix.canonical)."""
-    from matrun.runner.matrix import parse_matrix
+    from matrun.runner.planning.matrix import parse_matrix
 
     (cell,) = parse_matrix({"fixed": {"dataset": "fashion-mnist", "mode": "inference", "layer_profile": True}},
                            path=Path("matrix.toml")).cells

@@ -13,11 +13,11 @@ from typing import Any, Callable
 import duckdb
 import pytest
 
-import matrun.warehouse.bundles as bundles_module
+import matrun.warehouse.bundles.read as bundles_module
 import matrun.warehouse.ingest as ingest_module
 from bundle_factory import make_bundle, read_json
 from matrun.errors import InputError, WarehouseError
-from matrun.warehouse.bundles import BadBundle, BundleIncomplete, find_bundles, load_bundle
+from matrun.warehouse.bundles.read import BadBundle, BundleIncomplete, find_bundles, load_bundle
 from matrun.warehouse.db import open_warehouse
 from matrun.warehouse.ingest import IngestReport, ingest
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from matrun.runner.bundle import EVENTS, MONITOR, SPEC, STDERR, write_json_atomic
-from matrun.runner.executors import RunRequest, get_executor
+from matrun.warehouse.bundles.write import EVENTS, MONITOR, SPEC, STDERR, write_json_atomic
+from matrun.runner.executors.protocol import RunRequest
+from matrun.runner.executors.registry import get_executor
 from matrun.runner.executors.local import LocalExecutor, cell_environment, harness_command
-from matrun.runner.matrix import parse_matrix
+from matrun.runner.planning.matrix import parse_matrix
 
 TINY = {"dataset": "synthetic", "synthetic_train": 256, "synthetic_test": 128,
         "batch_size": 32, "epochs": 1, "warmup_steps": 2, "threads": 1}
@@ -125,8 +126,8 @@ def test_gpu_cell_environment_names_its_gpus():
 
 def test_gpu_cells_are_refused_on_a_host_without_gpus(tmp_path):
     from matrun.errors import MatrunError
-    from matrun.runner.matrix import load_matrix
-    from matrun.runner.plan import host_gpus, plan_cells, preflight
+    from matrun.runner.planning.matrix import load_matrix
+    from matrun.runner.planning.identity import host_gpus, plan_cells, preflight
 
     if host_gpus():
         pytest.skip(reason="this host has GPUs; the refusal is for hosts without")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from matrun.errors import MatrixError
-from matrun.runner.matrix import load_matrix
-from matrun.runner.plan import cell_id, parse_where, plan_cells, select
+from matrun.runner.planning.matrix import load_matrix
+from matrun.runner.planning.identity import cell_id, parse_where, plan_cells, select
 
 
 def write(tmp_path: Path, text: str) -> Path:

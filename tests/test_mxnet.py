@@ -14,8 +14,8 @@ import pytest
 from matrun.errors import MatrixError
 from matrun.runner.executors.local import cell_environment
 from matrun.runner.harness import models
-from matrun.runner.harness.adapters import mxnet_gluon
-from matrun.runner.matrix import parse_matrix
+from matrun.runner.harness.adapters import mxnet as mxnet_gluon
+from matrun.runner.planning.matrix import parse_matrix
 from test_harness import EVENT_KEYS, ZOO_PARITY, events_of, only, run_harness, write_spec
 from test_local_executor import run_cell
 
@@ -35,7 +35,7 @@ def plan(**fixed: Any) -> dict[str, Any]:
 def test_every_network_has_the_zoo_parameter_count(mxnet_env, stage):
     script = textwrap.dedent(f"""
         import json
-        from matrun.runner.harness.adapters import mxnet_gluon as a
+        from matrun.runner.harness.adapters import mxnet as a
         a.configure(dict(threads=1, interop_threads="unset", onednn=True, device="cpu",
                          conv_algo="heuristic", seed=0))
         counts = {{}}

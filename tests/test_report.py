@@ -45,7 +45,7 @@ from matrun.reports.figures import epoch_figure, monitor_figure, throughput_figu
 from matrun.reports.pages import MARKER, csv_value, plotly_js_source, script_json
 from matrun.reports.shape import cell_labels, choose_run, mask_paths
 from matrun.reports.site import PAGES
-from matrun.runner.bundle import write_json_atomic
+from matrun.warehouse.bundles.write import write_json_atomic
 from matrun.warehouse.db import open_warehouse
 from matrun.warehouse.ingest import ingest
 from matrun.warehouse.query import run_query

@@ -25,11 +25,11 @@ import pytest
 from test_sweep import sql
 
 from matrun.errors import MatrixError
-from matrun.runner.executors.slurm import (
+from matrun.runner.slurm.executor import (
     BATCH_SCRIPT, array_arguments, cpus_per_task, sbatch_resources, task_params,
 )
-from matrun.runner.matrix import load_matrix, parse_matrix
-from matrun.runner.slurm import (
+from matrun.runner.planning.matrix import load_matrix, parse_matrix
+from matrun.runner.slurm.cluster import (
     SlurmSettings, decode_exit, expand_indices, parse_jobcomp, parse_squeue_json, time_limit_minutes,
 )
 
@@ -182,7 +182,7 @@ def test_hostile_flags_are_refused_before_anything_is_submitted(tmp_path):
 
 
 def test_multi_node_cells_need_the_local_runtime():
-    from matrun.runner.executors.slurm import SlurmExecutor
+    from matrun.runner.slurm.executor import SlurmExecutor
 
     assert SlurmExecutor().refusal({"nodes": 2}) == (
         'nodes = 2: with runtime "docker" each task runs its cell in a container without network '
@@ -196,7 +196,7 @@ def test_multi_node_cells_need_the_local_runtime():
 
 @pytest.mark.parametrize("job_id", [None, "", "abc", "12;reboot", "$(id)", "-1", " 12 x"])
 def test_the_epilog_does_nothing_and_exits_0_without_a_job_id(job_id, capsys):
-    from matrun.runner import slurm_epilog
+    from matrun.runner.slurm import epilog as slurm_epilog
 
     environ = {} if job_id is None else {"SLURM_JOB_ID": job_id}
     assert slurm_epilog.main(environ={**environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}) == 0
@@ -205,7 +205,7 @@ def test_the_epilog_does_nothing_and_exits_0_without_a_job_id(job_id, capsys):
 
 def test_the_epilog_exits_0_when_no_engine_answers(capsys, monkeypatch):
     # A failing epilog drains the node: no engine (a local-runtime node) is nothing to remove.
-    from matrun.runner import slurm_epilog
+    from matrun.runner.slurm import epilog as slurm_epilog
 
     monkeypatch.setattr(slurm_epilog, "SYSTEM_SOCKET", "unix:///nonexistent/system.sock")
     assert slurm_epilog.main(environ={"SLURM_JOB_ID": "17", "SLURM_JOB_UID": "0",
@@ -216,7 +216,7 @@ def test_the_epilog_exits_0_when_no_engine_answers(capsys, monkeypatch):
 
 
 def test_the_epilog_asks_these_engines():
-    from matrun.runner.slurm_epilog import engine_urls
+    from matrun.runner.slurm.epilog import engine_urls
 
     assert engine_urls({}) == ["unix:///var/run/docker.sock"]
     assert engine_urls({"DOCKER_HOST": "unix:///run/d.sock", "SLURM_JOB_UID": "1000"}) == [
@@ -226,13 +226,13 @@ def test_the_epilog_asks_these_engines():
 
 
 def test_the_test_cluster_runs_matrun_s_epilog(tmp_path):
-    from matrun.runner.slurm import EPILOG, cluster_config_text, epilog_script
+    from matrun.runner.slurm.cluster import EPILOG, cluster_config_text, epilog_script
 
     conf, _ = cluster_config_text(tmp_path, ctld_port=1, slurmd_port=2, cpus=2, memory_mb=1024)
     assert f"Epilog={tmp_path / EPILOG}" in conf.splitlines()
     assert epilog_script("/opt/my venv/bin/python") == (
-        "#!/bin/sh\n# Written by matrun (runner/slurm.py): remove the containers of a matrun task Slurm killed.\n"
-        "exec '/opt/my venv/bin/python' -m matrun.runner.slurm_epilog\n")
+        "#!/bin/sh\n# Written by matrun (runner/slurm/cluster.py): remove the containers of a matrun task Slurm killed.\n"
+        "exec '/opt/my venv/bin/python' -m matrun.runner.slurm.epilog\n")
 
 
 def test_squeue_and_jobcomp_records_are_read():
@@ -270,7 +270,7 @@ def test_squeue_and_jobcomp_records_are_read():
 def test_runs_slurm_ended_are_recorded_from_its_state_and_ingested(tmp_path):
     # Slurm no longer lists the tasks in squeue (MinJobAge passed): their ends come from the
     # jobcomp log; every task that started gets a result.json and lands in the warehouse.
-    from matrun.runner.executors.slurm import SweepJobs
+    from matrun.runner.slurm.executor import SweepJobs
     from matrun.warehouse.ingest import ingest
 
     sweep_dir = tmp_path / "results" / "sw"
@@ -435,7 +435,7 @@ def test_a_sweep_runs_as_a_job_array_and_lands_in_duckdb(tmp_path, slurm_cluster
     records = [json.loads(p.read_text()) for p in (tmp_path / "results" / name).glob("*/*/slurm.json")]
     assert sorted(r["array_task_id"] for r in records) == [0, 1]
     assert {r["array_job_id"] for r in records} == {job["job_id"]} and {r["node"] for r in records} == {"node0"}
-    from matrun.runner.slurm import parse_jobcomp
+    from matrun.runner.slurm.cluster import parse_jobcomp
 
     # The sweep is done once the tasks wrote their results; Slurm ends the jobs after the epilog.
     wait_for(lambda: active_jobs(slurm_cluster, name) == [], 30, "Slurm to end the jobs (their epilog)")
@@ -563,7 +563,7 @@ def test_the_epilog_removes_the_container_of_a_task_slurm_killed(tmp_path, slurm
 
 @pytest.mark.slow
 def test_the_epilog_removes_only_its_own_jobs_containers(tmp_path, docker_client, torch_image):
-    from matrun.runner.engine import BASE_IMAGE
+    from matrun.runner.environments.engine import BASE_IMAGE
 
     def start(job: str, cluster: str = "matrun"):
         return docker_client.containers.run(BASE_IMAGE, ["sleep", "120"], detach=True, network_mode="none",
@@ -573,7 +573,7 @@ def test_the_epilog_removes_only_its_own_jobs_containers(tmp_path, docker_client
     mine, other, elsewhere, unlabelled = start("424242"), start("4242420"), start("424242", "othercluster"), None
     try:
         unlabelled = docker_client.containers.run(BASE_IMAGE, ["sleep", "120"], detach=True, network_mode="none")
-        proc = subprocess.run([sys.executable, "-m", "matrun.runner.slurm_epilog"], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "matrun.runner.slurm.epilog"], capture_output=True, text=True,
                               env={**os.environ, "SLURM_JOB_ID": "424242", "SLURM_CLUSTER_NAME": "matrun"},
                               timeout=60)
         assert proc.returncode == 0

@@ -308,8 +308,8 @@ def test_when_the_test_can_decide(study: Path) -> None:
 
 
 def test_default_hyperparams_agree_with_the_presets_and_the_parameter_defaults(study: Path) -> None:
-    from matrun.runner.params import PARAMS
-    from matrun.runner.presets import FAMILY, PRESET_VALUES
+    from matrun.runner.planning.params import PARAMS
+    from matrun.runner.planning.presets import FAMILY, PRESET_VALUES
 
     for (framework, family), values in PRESET_VALUES.items():
         for dataset in [d for d, f in FAMILY.items() if f == family]:

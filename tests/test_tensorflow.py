@@ -16,7 +16,7 @@ from matrun.errors import MatrixError
 from matrun.runner.executors.local import cell_environment
 from matrun.runner.harness import models
 from matrun.runner.harness.adapters import tensorflow as tf_adapter
-from matrun.runner.matrix import parse_matrix
+from matrun.runner.planning.matrix import parse_matrix
 from test_harness import EVENT_KEYS, ZOO_PARITY, events_of, only, run_harness, write_spec
 from test_local_executor import run_cell
 

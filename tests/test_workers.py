@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 
 from matrun.errors import MatrixError
-from matrun.runner.bundle import EVENTS, SPEC, write_json_atomic
-from matrun.runner.executors import RunRequest
+from matrun.warehouse.bundles.write import EVENTS, SPEC, write_json_atomic
+from matrun.runner.executors.protocol import RunRequest
 from matrun.runner.executors.docker import CellLabels, DockerExecutor, ImageRef, container_kwargs
 from matrun.runner.executors.local import LocalExecutor, cell_environment, harness_command
 from matrun.runner.executors.workers import (
     PLAN_FILE, host_refusal, pick_ports, ports_needed, worker_plan, write_plan,
 )
 from matrun.runner.harness import distributed as dist
-from matrun.runner.matrix import parse_matrix
-from matrun.runner.plan import cell_id
+from matrun.runner.planning.matrix import parse_matrix
+from matrun.runner.planning.identity import cell_id
 
 from conftest import built_image
 

@@ -35,9 +35,9 @@ from matrun.warehouse.db import open_warehouse
 from matrun.warehouse.query import run_query
 
 SIDES = ("A", "B")
-#: Sweep names as matrix.toml allows them (runner/matrix.py).
+#: Sweep names as matrix.toml allows them (runner/planning/matrix.py).
 _SWEEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-#: Parameters that never identify a cell (runner/params.py, identity=False).
+#: Parameters that never identify a cell (runner/planning/params.py, identity=False).
 NON_IDENTITY = ("timeout", "onednn_check")
 #: Parameters every label may fall back on when no parameter varies between the cells.
 _BASE_KEYS = ("framework", "model", "dataset", "device")
@@ -349,7 +349,7 @@ def _plural(n: int, word: str) -> str:
 
 def matching_keys(ignore: Sequence[str]) -> tuple[str, ...]:
     """Validate ``ignore`` against the known parameters; return the keys left out of the match."""
-    from matrun.runner.params import PARAMS
+    from matrun.runner.planning.params import PARAMS
 
     for key in ignore:
         if key not in PARAMS:

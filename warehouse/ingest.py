@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from matrun.errors import BundleError, InputError, WarehouseError
-from matrun.warehouse.bundles import BadBundle, Bundle, BundleIncomplete, find_bundles, load_bundle
+from matrun.warehouse.bundles.read import BadBundle, Bundle, BundleIncomplete, find_bundles, load_bundle
 from matrun.warehouse.db import open_warehouse
 
 _TS = pa.timestamp("us", tz="UTC")

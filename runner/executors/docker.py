@@ -30,23 +30,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from matrun.errors import EnvironmentBuildError
-from matrun.runner.build import recipe_hash
-from matrun.runner.bundle import MONITOR, SCHEMA_VERSION, SPEC, STDERR, STDOUT, write_json_atomic
-from matrun.runner.envs import stage_harness
-from matrun.runner.executors.base import RunOutcome, RunRequest
+from matrun.runner.environments.images import recipe_hash
+from matrun.warehouse.bundles.write import MONITOR, SCHEMA_VERSION, SPEC, STDERR, STDOUT, write_json_atomic
+from matrun.runner.environments.venvs import stage_harness
+from matrun.runner.executors.protocol import RunOutcome, RunRequest
 from matrun.runner.executors.local import (
     _error_tail, _status, cell_environment, harness_command, refused_outcome,
 )
 from matrun.runner.executors.workers import host_refusal, write_plan
-from matrun.runner.monitor_cgroup import CgroupMonitor
-from matrun.runner.params import cpuset_cpus
-from matrun.runner.slurm_epilog import CLUSTER_LABEL as SLURM_CLUSTER_LABEL, JOB_LABEL as SLURM_JOB_LABEL
+from matrun.runner.executors.monitor_cgroup import CgroupMonitor
+from matrun.runner.planning.params import cpuset_cpus
+from matrun.runner.slurm.epilog import CLUSTER_LABEL as SLURM_CLUSTER_LABEL, JOB_LABEL as SLURM_JOB_LABEL
 
 if TYPE_CHECKING:
     import docker
 
-HARNESS_MOUNT = "/opt/matrun-harness"  # as runner/build.py's probe mounts it
-IMAGE_LABEL = "org.matrun"  # runner/build.py's LABEL
+HARNESS_MOUNT = "/opt/matrun-harness"  # as runner/environments/images.py's probe mounts it
+IMAGE_LABEL = "org.matrun"  # runner/environments/images.py's LABEL
 CONTAINER_JSON = "container.json"
 DEFAULT_SHM_SIZE = "1g"  # the engine's 64 MiB default is too small for data-loader workers
 TMPFS_SIZE = "1g"
@@ -187,7 +187,7 @@ class DockerExecutor:
                  images: Mapping[tuple[str, str], str] | None = None, shm_size: str = DEFAULT_SHM_SIZE,
                  docker_host: str | None = None, slurm_job: str = "", slurm_cluster: str = "") -> None:
         self._client = client
-        # set by a Slurm task: the labels runner/slurm_epilog.py finds the task's containers by
+        # set by a Slurm task: the labels runner/slurm/epilog.py finds the task's containers by
         self.slurm = (slurm_job, slurm_cluster)
         self._docker_host = docker_host
         self._images = dict(images or {})  # (framework, variant) → tag; else the newest labelled image
@@ -197,7 +197,7 @@ class DockerExecutor:
     @property
     def client(self) -> "docker.DockerClient":
         if self._client is None:
-            from matrun.runner.engine import connect
+            from matrun.runner.environments.engine import connect
 
             self._client = connect(self._docker_host)
         return self._client
@@ -381,7 +381,7 @@ def _give_back(run_dir: Path, owner: os.stat_result) -> None:
 def _docker_error_tail(run_dir: Path, status: str, timed_out: bool, timeout: float,
                        exit_code: int | None) -> str:
     if status == "oom":
-        from matrun.runner.bundle import tail_text
+        from matrun.warehouse.bundles.write import tail_text
 
         return (tail_text(run_dir / STDERR) + "\n[matrun] killed by the kernel's OOM killer: the container "
                 "went over its memory limit").lstrip("\n")

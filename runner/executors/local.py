@@ -17,15 +17,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from matrun.runner.bundle import EVENTS, MONITOR, SPEC, STDERR, STDOUT, tail_text
-from matrun.runner.envs import ensure_env, env_spec, stage_harness
-from matrun.runner.executors.base import RunOutcome, RunRequest
+from matrun.warehouse.bundles.write import EVENTS, MONITOR, SPEC, STDERR, STDOUT, tail_text
+from matrun.runner.environments.venvs import ensure_env, env_spec, stage_harness
+from matrun.runner.executors.protocol import RunOutcome, RunRequest
 from matrun.runner.executors.workers import host_refusal, write_plan
 from matrun.runner.harness.distributed import MATRUN_ENV
 from matrun.runner.harness.launch import child_setup
-from matrun.runner.monitor import Monitor
-from matrun.runner.frameworks import get_framework
-from matrun.runner.params import cpuset_cpus
+from matrun.runner.executors.monitor import Monitor
+from matrun.frameworks import get_framework
+from matrun.runner.planning.params import cpuset_cpus
 
 # Host variables that would change what runs in the cell; the cell gets only what we set.
 _DROP_PREFIXES = ("PYTHON", "VIRTUAL_ENV", "CONDA", "KMP_", "GOMP_", "MKL_", "DNNL_", "ONEDNN_",

@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from matrun.runner.frameworks import get_framework
+from matrun.frameworks import get_framework
 from matrun.runner.harness import distributed as dist
 from matrun.runner.harness.distributed import (  # noqa: F401  (re-exported for the executors)
     LOOPBACK, PLAN_FILE, WORKERS_DIR, multi_process, split_cpus, thread_share, world_size,
 )
-from matrun.runner.params import cpuset_cpus
+from matrun.runner.planning.params import cpuset_cpus
 
 PLAN_SCHEMA = 1
 MXNET_SERVERS = 1  # parameter-server processes of an MXNet dist kvstore cell (one host)

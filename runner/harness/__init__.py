@@ -226,7 +226,7 @@ def sequential_models() -> tuple[str, ...]:
 def load_spec(path: Path) -> dict[str, Any]:
     """Read and check ``spec.json``; raise ``SpecError`` naming the file and the key path."""
     from .adapters import known_frameworks
-    from .data import DATASETS
+    from .datasets import DATASETS
 
     try:
         spec = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -299,7 +299,7 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
     short verbose run of another run's oneDNN check (``probe.onednn_check``); it never
     starts a check of its own.
     """
-    from . import adapters, data, distributed, layers, probe
+    from . import adapters, datasets, distributed, layers, probe
     from .events import EventLog
 
     started = time.perf_counter() if started is None else started
@@ -336,7 +336,7 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
         log.emit("probe", **fields)
 
         t0 = time.perf_counter()
-        dataset = data.load(params, Path(spec["data_dir"]))
+        dataset = datasets.load(params, Path(spec["data_dir"]))
         log.emit("data", dataset=dataset.name, train_size=dataset.train.count,
                  test_size=dataset.test.count, shape=list(dataset.shape), classes=dataset.classes,
                  load_seconds=time.perf_counter() - t0)

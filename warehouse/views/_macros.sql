@@ -162,7 +162,7 @@ CREATE OR REPLACE MACRO probe_blas(probe, framework) AS
 
 -- The hyper-parameters a cell has when the matrix leaves them to the preset: preset "none"
 -- gives matrun's defaults (docs/MATRIX.md), "framework-default" the framework's example for
--- the dataset family (mnist also stands for fashion-mnist; runner/presets.py, docs/PRESETS.md;
+-- the dataset family (mnist also stands for fashion-mnist; runner/planning/presets.py, docs/PRESETS.md;
 -- tests/test_study_views.py checks both against the Python tables).  {optimizer, lr,
 -- batch_size}; NULL fields where no preset exists.
 CREATE OR REPLACE MACRO default_hyperparams(framework, dataset, preset) AS

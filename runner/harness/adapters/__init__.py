@@ -31,6 +31,7 @@ looked up, so reading a spec needs no framework.  docs/HARNESS.md has the detail
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -38,12 +39,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .. import HarnessError
 
 if TYPE_CHECKING:
-    from ..data import Dataset
+    from ..datasets import Dataset
     from ..events import EventLog
     from ..layers import LayerOps
 
-# framework name (``params.framework``) -> module in this package
-ADAPTERS = {"torch": "pytorch", "mxnet": "mxnet_gluon", "tensorflow": "tensorflow"}
+def _adapter_modules() -> list[str]:
+    """The adapter modules of this package: one per framework, named by the framework value
+    (``params.framework``), so adding a framework adds a module here and edits nothing."""
+    return sorted(info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_"))
+
+
+# framework name (``params.framework``) -> module in this package (the same name)
+ADAPTERS = {name: name for name in _adapter_modules()}
 
 
 @dataclass

@@ -51,7 +51,7 @@ from typing import Any, Callable
 
 from .. import HarnessError
 from .. import distributed
-from ..data import Dataset, Split
+from ..datasets import Dataset, Split
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO

@@ -1,6 +1,6 @@
 """``matrun slurm start|stop|status``: a local one-node Slurm cluster to try the slurm executor.
 
-Registered by ``runner/cli.py``; thin wrappers over ``runner/slurm.py`` (docs/SLURM.md).  On a
+Registered by ``runner/cli/__init__.py``; thin wrappers over ``runner/slurm/cluster.py`` (docs/SLURM.md).  On a
 real cluster none of this is needed: matrun uses whatever ``sbatch`` / ``squeue`` reach.
 """
 
@@ -25,7 +25,7 @@ StateDirOpt = Annotated[Optional[Path], typer.Option(
 def _state_dir(explicit: Optional[Path]) -> Path:
     if explicit is not None:
         return explicit
-    from matrun.runner.envs import matrun_home
+    from matrun.runner.environments.venvs import matrun_home
 
     return matrun_home() / "slurm"
 
@@ -33,7 +33,7 @@ def _state_dir(explicit: Optional[Path]) -> Path:
 @slurm_app.command("start")
 def slurm_start(state_dir: StateDirOpt = None) -> None:
     """Start munged, slurmctld -D and slurmd -D in their own sessions (needs root); PIDs recorded."""
-    from matrun.runner import slurm
+    from matrun.runner.slurm import cluster as slurm
 
     cluster = slurm.start_cluster(_state_dir(state_dir))
     typer.echo(f"started a Slurm test cluster in {cluster.seconds:.1f} s "
@@ -46,7 +46,7 @@ def slurm_start(state_dir: StateDirOpt = None) -> None:
 @slurm_app.command("stop")
 def slurm_stop(state_dir: StateDirOpt = None) -> None:
     """Cancel the cluster's jobs, then stop the daemons `matrun slurm start` started (those PIDs only)."""
-    from matrun.runner import slurm
+    from matrun.runner.slurm import cluster as slurm
 
     stopped = slurm.stop_cluster(_state_dir(state_dir))
     if stopped:
@@ -61,7 +61,7 @@ def slurm_status(state_dir: StateDirOpt = None) -> None:
     import os
     import subprocess
 
-    from matrun.runner import slurm
+    from matrun.runner.slurm import cluster as slurm
 
     directory = _state_dir(state_dir)
     running = slurm.cluster_running(directory)

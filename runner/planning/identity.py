@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from matrun.errors import DataError, InputError, MatrunError
-from matrun.runner.datasets import default_data_dir
+from matrun.runner.datasets.staging import default_data_dir
 from matrun.runner.harness import DataError as CellDataError
-from matrun.runner.harness import data as cell_data
-from matrun.runner.matrix import CellParams, Matrix, _plain
-from matrun.runner.params import PARAMS, cpuset_cpus
+from matrun.runner.harness import datasets as cell_data
+from matrun.runner.planning.matrix import CellParams, Matrix, _plain
+from matrun.runner.planning.params import PARAMS, cpuset_cpus
 
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from matrun.errors import BundleError, InputError
-from matrun.runner.bundle import EVENTS, MONITOR, RESULT, SCHEMA_VERSION, SPEC, STATUSES, RunKey
+from matrun.warehouse.bundles.write import EVENTS, MONITOR, RESULT, SCHEMA_VERSION, SPEC, STATUSES, RunKey
 
 #: No bundle file may be larger than this; a bigger one is refused, not read into memory.
 MAX_FILE_BYTES = 512 * 2**20

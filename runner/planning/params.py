@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from matrun.runner.frameworks import frameworks
+from matrun.frameworks import frameworks
 # The harness checks the same choices inside the cell: one definition, there.
 from matrun.runner.harness import (  # noqa: F401  (re-exported for the host)
     CONV_ALGOS, DEVICES, LAYOUTS, MODES, OPTIMIZERS, PRECISIONS, PRESETS, UNSET,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from matrun.runner.params import ParamError
+from matrun.runner.planning.params import ParamError
 
 # (framework, dataset family) → values.  MNIST-like covers mnist and fashion-mnist.
 PRESET_VALUES: dict[tuple[str, str], dict[str, Any]] = {

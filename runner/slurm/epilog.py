@@ -2,7 +2,7 @@
 
 A cell's container is not a child of its Slurm task (the engine starts it), so Slurm's process
 tracking cannot kill it.  The task traps SIGTERM and removes its container itself
-(``runner/slurm_task.py``); but a task killed outright (SIGKILL: ``scancel --signal=KILL``, a
+(``runner/slurm/task.py``); but a task killed outright (SIGKILL: ``scancel --signal=KILL``, a
 ``KillWait`` shorter than the clean-up, the task's own memory limit, an operator's ``kill -9``)
 leaves its container running, still using the CPUs and GPUs Slurm has already given to the next
 job.  Slurm runs its ``Epilog`` program on every node of a job as it ends, as root, with
@@ -49,7 +49,7 @@ def remove_job_containers(job_id: str, urls: list[str], *, cluster: str = "", lo
     """Remove every container labelled with Slurm job ``job_id`` (of ``cluster``, when both it and
     the container name one) on the engines at ``urls``; return how many were removed.  Engines
     that do not answer are skipped."""
-    from matrun.runner.engine import EngineUnavailable, connect
+    from matrun.runner.environments.engine import EngineUnavailable, connect
 
     removed = 0
     for url in urls:

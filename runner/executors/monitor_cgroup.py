@@ -1,6 +1,6 @@
 """Host-side sampling of a container's cgroup: CPU user/system, host iowait, memory.
 
-The Docker executor's twin of ``runner/monitor.py``: same 5 Hz thread, same
+The Docker executor's twin of ``runner/executors/monitor.py``: same 5 Hz thread, same
 ``monitor.jsonl`` record format and the same aggregates, but it reads the container's
 cgroup files instead of walking a process tree (a container's processes live in another
 PID namespace, and the cgroup already sums them).  The files vanish when the container
@@ -34,8 +34,8 @@ from typing import Any, TextIO
 
 import psutil
 
-from matrun.runner.bundle import SCHEMA_VERSION
-from matrun.runner.monitor import DEFAULT_INTERVAL_S, _iowait_percent, _Totals
+from matrun.warehouse.bundles.write import SCHEMA_VERSION
+from matrun.runner.executors.monitor import DEFAULT_INTERVAL_S, _iowait_percent, _Totals
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 FIND_TIMEOUT_S = 2.0  # the cgroup appears as the container starts; wait this long for it
@@ -167,7 +167,7 @@ class CgroupMonitor:
         return self
 
     def stop(self) -> dict[str, Any]:
-        """Stop sampling and return the aggregates (``runner/monitor.py``'s keys, plus the
+        """Stop sampling and return the aggregates (``runner/executors/monitor.py``'s keys, plus the
         cgroup's own peak usage where it keeps one)."""
         self._stop.set()
         if self._thread is not None:

@@ -1,6 +1,6 @@
 """Slurm, used as it is: settings, Slurm's own record of tasks, and a local one-node test cluster.
 
-matrun schedules nothing itself.  The slurm executor (``runner/executors/slurm.py``) submits
+matrun schedules nothing itself.  The slurm executor (``runner/slurm/executor.py``) submits
 job arrays with ``sbatch`` and reads back what Slurm says about each task.  This module holds
 the parts that do not depend on the executor:
 
@@ -514,7 +514,7 @@ def cluster_config_text(state_dir: Path, *, ctld_port: int, slurmd_port: int, cp
     partition, and with ``multi_ports`` (one per name of ``MULTI_NODES``) partition ``multi``."""
     s = state_dir
     conf = "\n".join([
-        "# Written by matrun (runner/slurm.py): a one-node test cluster on this host.",
+        "# Written by matrun (runner/slurm/cluster.py): a one-node test cluster on this host.",
         f"ClusterName={CLUSTER_NAME}",
         f"SlurmctldHost={CTLD_HOST}(127.0.0.1)",
         f"SlurmctldPort={ctld_port}",
@@ -545,7 +545,7 @@ def cluster_config_text(state_dir: Path, *, ctld_port: int, slurmd_port: int, cp
         "MpiDefault=none",
         "ReturnToService=2",
         f"KillWait={kill_wait}",
-        # removes the containers of a task Slurm SIGKILLed (runner/slurm_epilog.py)
+        # removes the containers of a task Slurm SIGKILLed (runner/slurm/epilog.py)
         f"Epilog={s / EPILOG}",
         f"MinJobAge={min_job_age}",
         "SchedulerType=sched/backfill",
@@ -567,9 +567,9 @@ def cluster_config_text(state_dir: Path, *, ctld_port: int, slurmd_port: int, cp
 def epilog_script(python: str) -> str:
     """The test cluster's Epilog: matrun's epilog run by this interpreter (slurmd runs the
     Epilog as an executable with no arguments)."""
-    return ("#!/bin/sh\n# Written by matrun (runner/slurm.py): remove the containers of a matrun task "
+    return ("#!/bin/sh\n# Written by matrun (runner/slurm/cluster.py): remove the containers of a matrun task "
             "Slurm killed.\n"
-            f"exec {shlex.quote(python)} -m matrun.runner.slurm_epilog\n")
+            f"exec {shlex.quote(python)} -m matrun.runner.slurm.epilog\n")
 
 
 def write_cluster_config(state_dir: Path, **kwargs: Any) -> Path:

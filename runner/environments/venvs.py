@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from matrun.errors import EnvironmentBuildError, InputError
-from matrun.runner.frameworks import get_framework
+from matrun.frameworks import get_framework
 
 # Bump when the spec/events contract between host and harness changes incompatibly.
 HARNESS_PROTOCOL = 1

@@ -39,7 +39,7 @@ class Variant:
 
     ``requirements``: the pip pins of the variant (the local executor's virtual environment
     and the image), or None for an image-only variant (e.g. Debian's python3-torch).
-    ``promises``: what the probe must find in the built image (``runner/build.py``
+    ``promises``: what the probe must find in the built image (``runner/environments/images.py``
     ``broken_promises``), per oneDNN setting when ``promises_onednn_off`` is given.
     """
 

@@ -1,6 +1,6 @@
-"""One task of a matrun Slurm job array: ``python -m matrun.runner.slurm_task TASKS_JSON``.
+"""One task of a matrun Slurm job array: ``python -m matrun.runner.slurm.task TASKS_JSON``.
 
-Started by the constant batch script of ``runner/executors/slurm.py`` on the node Slurm chose.
+Started by the constant batch script of ``runner/slurm/executor.py`` on the node Slurm chose.
 ``SLURM_ARRAY_TASK_ID`` picks the run in ``tasks.json``; the run directory already holds the
 ``spec.json`` the sweep wrote.  The task records itself (``slurm.json``: job, node, host, start),
 runs the cell with the docker executor exactly as ``matrun sweep --executor docker`` would, and
@@ -20,7 +20,7 @@ created in the instant the signal came), and the task exits 143 without a result
 then writes the run's result from Slurm's state (cancelled, timeout, …).  A SIGKILL cannot be
 trapped: the container carries the labels ``matrun.slurm_job=<SLURM_JOB_ID>`` and
 ``matrun.slurm_cluster``, and the nodes'
-Epilog (``runner/slurm_epilog.py``) removes it when Slurm ends the job.
+Epilog (``runner/slurm/epilog.py``) removes it when Slurm ends the job.
 """
 
 from __future__ import annotations
@@ -64,10 +64,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: list[str]) -> int:
     if len(args) != 1 or "SLURM_ARRAY_TASK_ID" not in os.environ:
-        print("usage: SLURM_ARRAY_TASK_ID=N python -m matrun.runner.slurm_task TASKS_JSON "
+        print("usage: SLURM_ARRAY_TASK_ID=N python -m matrun.runner.slurm.task TASKS_JSON "
               "(started by matrun's Slurm batch script)", file=sys.stderr)
         return 2
-    from matrun.runner.bundle import SPEC, RunKey, write_json_atomic
+    from matrun.warehouse.bundles.write import SPEC, RunKey, write_json_atomic
 
     index = int(os.environ["SLURM_ARRAY_TASK_ID"])
     tasks = json.loads(Path(args[0]).read_text())
@@ -115,8 +115,8 @@ def _run(run_dir: Path, spec: dict[str, Any], key: Any, host: dict[str, Any], *,
     the runtime's executor.  Node 0 writes the run's ``result.json``; node k > 0 its ``node.json``."""
     from dataclasses import asdict
 
-    from matrun.runner.executors.base import RunOutcome, RunRequest
-    from matrun.runner.executors.slurm import task_params
+    from matrun.runner.executors.protocol import RunOutcome, RunRequest
+    from matrun.runner.slurm.executor import task_params
     from matrun.runner.sweep import write_result
 
     node_dir = node_dir or run_dir
@@ -137,7 +137,7 @@ def _run(run_dir: Path, spec: dict[str, Any], key: Any, host: dict[str, Any], *,
             from matrun.runner.executors.docker import DockerExecutor
 
             # labelled with this task's job id: if Slurm SIGKILLs the task, its epilog
-            # (runner/slurm_epilog.py) removes the container the task could not
+            # (runner/slurm/epilog.py) removes the container the task could not
             outcome = DockerExecutor(slurm_job=os.environ.get("SLURM_JOB_ID", ""),
                                      slurm_cluster=os.environ.get("SLURM_CLUSTER_NAME", "")).run(request)
     except Exception as exc:  # no engine on this node, no image built from the recipe, no rendezvous, …
@@ -149,7 +149,7 @@ def _run(run_dir: Path, spec: dict[str, Any], key: Any, host: dict[str, Any], *,
         for name in ("stdout.log", "stderr.log"):
             (node_dir / name).touch()
     if node_rank > 0:
-        from matrun.runner.bundle import write_json_atomic
+        from matrun.warehouse.bundles.write import write_json_atomic
 
         write_json_atomic(node_dir / NODE_RECORD, {"schema_version": 1, "node_rank": node_rank, "host": host,
                                                    **asdict(outcome)})
@@ -163,7 +163,7 @@ def _place(run_dir: Path, params: dict[str, Any], node_rank: int, *, timeout: fl
     cell asks for; every node publishes its address and ports in the shared run directory
     (``exchange_peers``) and plans its own workers against all of them."""
     from matrun.runner.executors.workers import exchange_peers, write_node_plan
-    from matrun.runner.slurm import node_address
+    from matrun.runner.slurm.cluster import node_address
 
     nodes = int(params.get("nodes") or 1)
     granted = int(os.environ.get("SLURM_JOB_NUM_NODES") or 1)
@@ -192,7 +192,7 @@ def _process_start() -> float | None:
 def _remove_leftovers(key: Any) -> None:
     """Remove any container of this run the engine still has (labels set at create)."""
     try:
-        from matrun.runner.engine import connect
+        from matrun.runner.environments.engine import connect
 
         client = connect(timeout=10)
         labels = [f"matrun.sweep={key.sweep}", f"matrun.cell={key.cell_id}",

@@ -1,6 +1,6 @@
 """Writing result bundles on the host (the format is docs/BUNDLE.md).
 
-Reading and validating bundles is the warehouse's job (``matrun.warehouse.bundles``).
+Reading and validating bundles is the warehouse's job (``matrun.warehouse.bundles.read``).
 Everything here writes so that a crash at any point leaves either no file or a whole
 file: JSON files go through a temporary file, fsync and rename; ``result.json`` is written
 last, so its presence is what marks a finished run.

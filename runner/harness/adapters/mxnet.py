@@ -55,7 +55,7 @@ from typing import Any, Callable
 from .. import HarnessError
 from .. import distributed
 from .. import models as zoo
-from ..data import Dataset, Split
+from ..datasets import Dataset, Split
 from ..events import EventLog
 from ..layers import LayerOp, LayerOps
 from . import TrainOutcome

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 import psutil
 
-from matrun.runner.bundle import SCHEMA_VERSION
+from matrun.warehouse.bundles.write import SCHEMA_VERSION
 
 DEFAULT_INTERVAL_S = 0.2
 RESCAN_EVERY_S = 1.0

@@ -1,6 +1,6 @@
 """Staging real datasets into the data directory (``matrun data import`` / ``matrun data list``).
 
-Cells read IDX files only (``matrun.runner.harness.data``, docs/DATA.md).  This module puts
+Cells read IDX files only (``matrun.runner.harness.datasets``, docs/DATA.md).  This module puts
 them there, once, on the host:
 
 - IDX files (Fashion-MNIST, MNIST, or a dataset already staged elsewhere) are copied as
@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import IO, Any, Callable, ContextManager, Iterator
 
 from matrun.errors import DataError, InputError
-from matrun.runner import safe_pickle
-from matrun.runner.bundle import fsync_dir
+from matrun.runner.datasets import safe_pickle
+from matrun.warehouse.bundles.write import fsync_dir
 from matrun.runner.harness import DataError as CellDataError
-from matrun.runner.harness import data as cell_data
+from matrun.runner.harness import datasets as cell_data
 
 DEFAULT_DATA_DIR = Path("/usr/share/datasets")
 IMPORTABLE = ("fashion-mnist", "mnist", "cifar10")

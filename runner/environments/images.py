@@ -36,7 +36,7 @@ from matrun.errors import EnvironmentBuildError, InputError
 if TYPE_CHECKING:
     import docker
 
-    from matrun.runner.frameworks import Variant
+    from matrun.frameworks import Variant
 
 # Bump when the layout of the build context changes (the hash, hence every tag, changes).
 CONTEXT_PROTOCOL = 1
@@ -160,7 +160,7 @@ def variant_of(framework: str, variant: str, images_dir: Path | None = None) -> 
     """How a framework variant is built: ``[variants.<variant>]`` of its framework.toml (the
     package's, or ``images_dir``'s own); a folder without a framework.toml builds
     ``Dockerfile.<variant>`` from ``requirements-<variant>.txt``."""
-    from matrun.runner.frameworks import Variant, get_framework, load_framework
+    from matrun.frameworks import Variant, get_framework, load_framework
 
     if images_dir is None:
         return get_framework(framework).variant(variant)
@@ -360,7 +360,7 @@ print({PROBE_MARK!r} + json.dumps(fields, default=str))
 
 def probe_params(framework: str, variant: str, *, onednn: bool = True) -> dict[str, Any]:
     """Every cell parameter at its default, for this framework variant on the CPU."""
-    from matrun.runner.params import PARAMS
+    from matrun.runner.planning.params import PARAMS
 
     params = {name: param.default for name, param in PARAMS.items()}
     params.update(framework=framework, variant=variant, device="cpu", onednn=onednn)
@@ -371,8 +371,8 @@ def probe_image(client: "docker.DockerClient", tag: str, framework: str, variant
                 harness_dir: Path | None = None, timeout: float = PROBE_TIMEOUT,
                 onednn: bool = True, gpu: bool = False) -> ImageProbe:
     """Run the harness probe inside the image (oneDNN on or off) and summarise what it found."""
-    from matrun.runner.envs import stage_harness
-    from matrun.runner.frameworks import get_framework
+    from matrun.runner.environments.venvs import stage_harness
+    from matrun.frameworks import get_framework
 
     params = probe_params(framework, variant, onednn=onednn)
     fw = get_framework(framework)
@@ -400,7 +400,7 @@ def probe_image(client: "docker.DockerClient", tag: str, framework: str, variant
 
 
 def _host_gpus() -> int:
-    from matrun.runner.plan import host_gpus
+    from matrun.runner.planning.identity import host_gpus
 
     return host_gpus()
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from matrun.runner.executors import get_executor
-from matrun.runner.matrix import load_matrix
-from matrun.runner.plan import _as_text, done_runs, durations, parse_where, plan_cells, select
+from matrun.runner.executors.registry import get_executor
+from matrun.runner.planning.matrix import load_matrix
+from matrun.runner.planning.identity import _as_text, done_runs, durations, parse_where, plan_cells, select
 
 
 def plan_rows(*, matrix_path: Path, where: Sequence[str] = ()) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -17,11 +17,11 @@ from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
 from matrun.errors import MatrixError
-from matrun.runner.frameworks import get_framework
+from matrun.frameworks import get_framework
 from matrun.runner.harness.models import MODELS as MODEL_ZOO
-from matrun.runner.params import PARAMS, ParamError, show
-from matrun.runner.presets import apply_preset
-from matrun.runner.slurm import SlurmSettings, parse_slurm_section
+from matrun.runner.planning.params import PARAMS, ParamError, show
+from matrun.runner.planning.presets import apply_preset
+from matrun.runner.slurm.cluster import SlurmSettings, parse_slurm_section
 
 SECTIONS = ("sweep", "fixed", "axes", "zip", "include", "exclude", "slurm")
 EXECUTORS = ("auto", "local", "docker", "slurm")
@@ -54,7 +54,7 @@ class CellParams:
         """The parameters that define what is measured: execution settings, unused (null)
         keys and keys at their default are left out, so a parameter added to matrun later
         does not change the id of any existing cell.  Changing a default is therefore a
-        change of the harness protocol (runner/envs.py HARNESS_PROTOCOL)."""
+        change of the harness protocol (runner/environments/venvs.py HARNESS_PROTOCOL)."""
         return {k: v for k, v in self.values.items()
                 if PARAMS[k].identity and v is not None and v != PARAMS[k].default}
 

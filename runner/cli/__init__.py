@@ -57,7 +57,7 @@ def _warehouse(explicit: Path | None) -> Path:
         return explicit
     default_matrix = Path("matrix.toml")
     if default_matrix.is_file():
-        from matrun.runner.matrix import load_matrix
+        from matrun.runner.planning.matrix import load_matrix
 
         return load_matrix(default_matrix).sweep.warehouse
     return Path("matrun.duckdb")
@@ -77,7 +77,7 @@ def plan(
     where: WhereOpt = [],
 ) -> None:
     """Show the cells of a matrix: parameters that vary, id, repeats done, time estimate."""
-    from matrun.runner.overview import plan_rows
+    from matrun.runner.planning.overview import plan_rows
 
     rows, footer = plan_rows(matrix_path=matrix, where=where)
     table = Table(title=f"{matrix}: {footer['cells']} cells × {footer['repeats']} repeats", show_lines=False)
@@ -174,10 +174,10 @@ def _sigterm(signum: int, frame: Any) -> None:
 @_errors
 def status(matrix: MatrixArg = Path("matrix.toml")) -> None:
     """Show, per cell of the matrix, how many repeats are done and how the last run ended."""
-    from matrun.runner.overview import status_rows
+    from matrun.runner.planning.overview import status_rows
 
-    from matrun.runner.executors.slurm import cell_progress
-    from matrun.runner.matrix import load_matrix
+    from matrun.runner.slurm.executor import cell_progress
+    from matrun.runner.planning.matrix import load_matrix
 
     rows, counts = status_rows(matrix_path=matrix)
     m = load_matrix(matrix)
@@ -233,7 +233,7 @@ def ingest(
     """Load result bundles from disk into the warehouse (idempotent)."""
     from matrun.warehouse.ingest import ingest as do_ingest
 
-    from matrun.runner.executors.slurm import reconcile
+    from matrun.runner.slurm.executor import reconcile
 
     for p in paths:
         if not p.exists():
@@ -313,8 +313,8 @@ def envs(
     build: Annotated[bool, typer.Option("--build", help="Build the environments the matrix needs.")] = False,
 ) -> None:
     """List the framework environments built here; --build prepares those the matrix needs."""
-    from matrun.runner.envs import ensure_env, list_envs
-    from matrun.runner.matrix import load_matrix
+    from matrun.runner.environments.venvs import ensure_env, list_envs
+    from matrun.runner.planning.matrix import load_matrix
 
     if build:
         m = load_matrix(matrix)
@@ -329,9 +329,9 @@ def envs(
     out.print(table)
 
 
-from matrun.runner.cli_data import data_app  # noqa: E402  (after _errors, which it uses)
-from matrun.runner.cli_images import build as _build, engine_app, images as _images  # noqa: E402
-from matrun.runner.cli_analysis import advise as _advise, compare as _compare  # noqa: E402
+from matrun.runner.cli.data import data_app  # noqa: E402  (after _errors, which it uses)
+from matrun.runner.cli.images import build as _build, engine_app, images as _images  # noqa: E402
+from matrun.runner.cli.analysis import advise as _advise, compare as _compare  # noqa: E402
 
 app.add_typer(data_app, name="data")
 app.command("build")(_errors(_build))
@@ -341,7 +341,7 @@ app.command("advise")(_errors(_advise))
 for _command in engine_app.registered_commands:
     _command.callback = _errors(_command.callback)
 app.add_typer(engine_app, name="engine")
-from matrun.runner.cli_slurm import slurm_app  # noqa: E402
+from matrun.runner.cli.slurm import slurm_app  # noqa: E402
 
 for _command in slurm_app.registered_commands:
     _command.callback = _errors(_command.callback)

@@ -1,7 +1,7 @@
 """``matrun build``, ``matrun images`` and ``matrun engine``: framework images and the engine.
 
-Registered by ``runner/cli.py``; each command is a thin wrapper over ``runner/build.py``,
-``runner/engine.py`` and ``warehouse/images.py`` (docs/IMAGES.md).
+Registered by ``runner/cli/__init__.py``; each command is a thin wrapper over ``runner/environments/images.py``,
+``runner/environments/engine.py`` and ``warehouse/images.py`` (docs/IMAGES.md).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _default_ca_bundle() -> Optional[Path]:
 
 
 def _parse_image(text: str) -> tuple[str, str]:
-    from matrun.runner.frameworks import get_framework
+    from matrun.frameworks import get_framework
 
     framework, sep, variant = text.partition(":")
     if not sep or not framework or not variant:
@@ -52,12 +52,12 @@ def _parse_image(text: str) -> tuple[str, str]:
 
 def wanted_images(matrix: Path, where: list[str], image: list[str]) -> list[tuple[str, str]]:
     """The (framework, variant) images to build: ``--image`` ones, else those of the matrix's cells."""
-    from matrun.runner.build import images_needed
+    from matrun.runner.environments.images import images_needed
 
     if image:
         return list(dict.fromkeys(_parse_image(text) for text in image))
-    from matrun.runner.matrix import load_matrix
-    from matrun.runner.plan import parse_where, plan_cells, select
+    from matrun.runner.planning.matrix import load_matrix
+    from matrun.runner.planning.identity import parse_where, plan_cells, select
 
     cells = select(plan_cells(load_matrix(matrix), lambda fw, variant: f"{fw}-{variant}"), parse_where(where))
     return images_needed(cells)
@@ -84,8 +84,8 @@ def build(
         "--warehouse", help="DuckDB file to record the images in (default: the matrix's).")] = None,
 ) -> None:
     """Build the framework images the matrix needs (only those), probe them, record them."""
-    from matrun.runner import build as builder
-    from matrun.runner import engine
+    from matrun.runner.environments import images as builder
+    from matrun.runner.environments import engine
     from matrun.warehouse.images import record_images
 
     images = wanted_images(matrix, where, image)
@@ -152,7 +152,7 @@ def build(
 
 
 def _matrix_warehouse(matrix: Path) -> Path:
-    from matrun.runner.matrix import load_matrix
+    from matrun.runner.planning.matrix import load_matrix
 
     return load_matrix(matrix).sweep.warehouse
 
@@ -181,7 +181,7 @@ def images(
 
 
 def _state_dir() -> Path:
-    from matrun.runner.envs import matrun_home
+    from matrun.runner.environments.venvs import matrun_home
 
     return matrun_home() / "engine"
 
@@ -189,7 +189,7 @@ def _state_dir() -> Path:
 @engine_app.command("start")
 def engine_start() -> None:
     """Start dockerd --bridge=none --iptables=false in its own session (needs root); PID recorded."""
-    from matrun.runner import engine
+    from matrun.runner.environments import engine
 
     url = engine.engine_url()
     if engine.find_engine() is not None:
@@ -204,7 +204,7 @@ def engine_start() -> None:
 @engine_app.command("stop")
 def engine_stop() -> None:
     """Stop the dockerd that `matrun engine start` started (that PID only)."""
-    from matrun.runner import engine
+    from matrun.runner.environments import engine
 
     pid_file = _state_dir() / "dockerd.pid"
     if engine.stop_engine(pid_file):
@@ -216,7 +216,7 @@ def engine_stop() -> None:
 @engine_app.command("status")
 def engine_status() -> None:
     """Say whether a Docker engine answers, and its version."""
-    from matrun.runner import engine
+    from matrun.runner.environments import engine
 
     url = engine.engine_url()
     client = engine.find_engine()

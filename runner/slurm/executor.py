@@ -14,15 +14,15 @@ as arguments.  Each submission has a directory ``<results>/<sweep>/.slurm/<id>/`
 cluster, the sbatch arguments) and the tasks' Slurm logs ``task-<index>.log``.  The run
 directories and their ``spec.json`` exist from submission on (``matrun status`` shows them).
 
-**Tasks** (``runner/slurm_task.py``) run the cell with the docker executor on the node (or the
+**Tasks** (``runner/slurm/task.py``) run the cell with the docker executor on the node (or the
 local executor: ``[slurm] runtime = "local"``; a multi-node cell's task runs on each of its
 nodes through srun) and write ``result.json`` as a local sweep does.  On SIGTERM / SIGINT (scancel, the time limit)
 the task removes its container and exits without a result: the run's status comes from Slurm.
-A task SIGKILLed cannot: the nodes' Epilog (``runner/slurm_epilog.py``) removes its container
+A task SIGKILLed cannot: the nodes' Epilog (``runner/slurm/epilog.py``) removes its container
 by the job-id label the docker executor set.
 
 **State** (``SweepJobs.refresh``).  ``squeue --json -t all`` while Slurm lists the job, then the
-``jobcomp/filetxt`` log, then ``sacct`` where there is accounting (``runner/slurm.py``).  A task
+``jobcomp/filetxt`` log, then ``sacct`` where there is accounting (``runner/slurm/cluster.py``).  A task
 Slurm ended without a ``result.json`` gets one written from Slurm's state (TIMEOUT → timeout,
 OUT_OF_MEMORY → oom, CANCELLED → cancelled, NODE_FAIL / FAILED / anything else → failed, with
 Slurm's exit code and the end of the task's log), so every run that started lands in the
@@ -44,12 +44,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from matrun.errors import InputError, MatrunError
-from matrun.runner.bundle import (
+from matrun.warehouse.bundles.write import (
     ERROR_TAIL_BYTES, RESULT, SCHEMA_VERSION, SPEC, STDERR, RunKey, tail_text, write_json_atomic,
 )
-from matrun.runner.executors.base import RunOutcome, RunRequest
-from matrun.runner.params import cpuset_cpus
-from matrun.runner.slurm import (
+from matrun.runner.executors.protocol import RunOutcome, RunRequest
+from matrun.runner.planning.params import cpuset_cpus
+from matrun.runner.slurm.cluster import (
     RUN_STATUS, SlurmSettings, SlurmUnavailable, TaskState, cluster_config, query_states, run_slurm, scancel,
     time_limit_minutes,
 )
@@ -66,13 +66,13 @@ _SUBMISSION = re.compile(r"^[0-9T]+-[0-9]+-[0-9]+$")
 #: The batch script of every task, the same text for every sweep.  What the task runs comes
 #: from its two arguments, which sbatch hands over without a shell.
 BATCH_SCRIPT = """#!/bin/sh
-# matrun: one task of a Slurm job array (runner/executors/slurm.py).  This text is the same for
+# matrun: one task of a Slurm job array (runner/slurm/executor.py).  This text is the same for
 # every sweep; the interpreter and the submission's tasks.json come as arguments from sbatch.
 # A multi-node cell's task has several nodes: srun starts the task once on each of them.
 if [ "$SLURM_JOB_NUM_NODES" -gt 1 ] 2>/dev/null; then
-  exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$1" -m matrun.runner.slurm_task "$2"
+  exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$1" -m matrun.runner.slurm.task "$2"
 fi
-exec "$1" -m matrun.runner.slurm_task "$2"
+exec "$1" -m matrun.runner.slurm.task "$2"
 """
 
 
@@ -216,7 +216,7 @@ class SweepJobs:
     def __init__(self, sweep_dir: Path, settings: SlurmSettings | None = None, *,
                  include_finalized: bool = False, query: Callable[..., dict] = query_states,
                  config: dict[str, str] | None = None) -> None:
-        """``query`` (``runner/slurm.py: query_states``) and ``config`` (``scontrol show config``,
+        """``query`` (``runner/slurm/cluster.py: query_states``) and ``config`` (``scontrol show config``,
         read when first needed) can be given, e.g. by tests."""
         self.sweep_dir = sweep_dir
         self.settings = settings or SlurmSettings()
@@ -490,11 +490,11 @@ class SlurmExecutor:
         if self.settings.runtime == "local":
             self._inner().prepare(envs, log=log)  # the nodes see these environments at the same path
             log(f"Slurm cluster {self.cluster or '?'} (Slurm {config.get('SLURM_VERSION', '?')}); tasks run "
-                f"{python} -m matrun.runner.slurm_task with the local executor on their node; environments: "
+                f"{python} -m matrun.runner.slurm.task with the local executor on their node; environments: "
                 f"{needed}")
             return
         log(f"Slurm cluster {self.cluster or '?'} (Slurm {config.get('SLURM_VERSION', '?')}); tasks run "
-            f"{python} -m matrun.runner.slurm_task with the docker executor on their node; images needed: "
+            f"{python} -m matrun.runner.slurm.task with the docker executor on their node; images needed: "
             f"{needed}")
 
     def run(self, request: RunRequest) -> RunOutcome:

@@ -41,7 +41,7 @@ from torch import nn
 
 from .. import HarnessError
 from .. import distributed
-from ..data import Dataset, Split
+from ..datasets import Dataset, Split
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS, Layer, block_layers, forward_flops, walk

@@ -1,6 +1,6 @@
 """``matrun compare`` and ``matrun advise``: reading conclusions out of the warehouse.
 
-Registered by ``runner/cli.py`` (``app.command("compare")(_errors(compare))``); each command
+Registered by ``runner/cli/__init__.py`` (``app.command("compare")(_errors(compare))``); each command
 is a thin wrapper over ``warehouse/compare.py`` and ``warehouse/advise.py`` (docs/CLI.md).
 """
 

@@ -1,7 +1,7 @@
 """``matrun data``: stage real datasets into the data directory and list what is there.
 
-Mounted by ``runner/cli.py`` as ``app.add_typer(data_app, name="data")``; each command is a
-thin wrapper over ``matrun.runner.datasets`` (docs/DATA.md).
+Mounted by ``runner/cli/__init__.py`` as ``app.add_typer(data_app, name="data")``; each command is a
+thin wrapper over ``matrun.runner.datasets.staging`` (docs/DATA.md).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ DataDirOpt = Annotated[Optional[Path], typer.Option(
 
 
 def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """runner/cli.py's error printing (``Error: …``, exit 2 or 1), looked up when a command runs
+    """runner/cli/__init__.py's error printing (``Error: …``, exit 2 or 1), looked up when a command runs
     so that cli.py may import this module wherever it likes."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -43,11 +43,11 @@ def _data_dir(explicit: Path | None) -> Path:
     if explicit is not None:
         return explicit
     if Path("matrix.toml").is_file():
-        from matrun.runner.matrix import load_matrix
-        from matrun.runner.plan import resolve_data_dir
+        from matrun.runner.planning.matrix import load_matrix
+        from matrun.runner.planning.identity import resolve_data_dir
 
         return resolve_data_dir(load_matrix(Path("matrix.toml")))
-    from matrun.runner.datasets import default_data_dir
+    from matrun.runner.datasets.staging import default_data_dir
 
     return default_data_dir()
 
@@ -67,7 +67,7 @@ def import_(
     replace: Annotated[bool, typer.Option("--replace", help="Replace the dataset if it is already there.")] = False,
 ) -> None:
     """Check a local copy of a dataset and stage it, as IDX files, under the data directory."""
-    from matrun.runner.datasets import dataset_info, import_dataset
+    from matrun.runner.datasets.staging import dataset_info, import_dataset
 
     folder = _data_dir(data_dir)
     path = import_dataset(name=name, source=source, data_dir=folder, replace=replace)
@@ -80,7 +80,7 @@ def import_(
 @_errors
 def list_(data_dir: DataDirOpt = None) -> None:
     """Show which datasets the data directory holds: format, sizes, shape, where they came from."""
-    from matrun.runner.datasets import list_datasets
+    from matrun.runner.datasets.staging import list_datasets
 
     folder = _data_dir(data_dir)
     table = Table(title=f"data directory {folder}")
