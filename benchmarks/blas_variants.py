@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from matrun.warehouse.bundles.write import EVENTS, SPEC, write_json_atomic
+from matrun.warehouse.bundles.layout import EVENTS, SPEC
+from matrun.warehouse.bundles.write import write_json_atomic
 from matrun.runner.datasets.staging import default_data_dir
 
 MATRUN = str(Path(sys.executable).with_name("matrun"))
@@ -121,7 +122,7 @@ def through_sweep(a: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 def direct(a: argparse.Namespace, work: Path, images: dict[str, str]) -> list[dict[str, Any]]:
     """Each cell in its own container of ``images[variant]``, as the docker executor starts it."""
     from matrun.runner.environments.engine import connect
-    from matrun.runner.environments.venvs import stage_harness
+    from matrun.runner.environments.home import stage_harness
     from matrun.runner.executors.docker import NOBODY, CellLabels, ImageRef, cell_user, container_kwargs
 
     client = connect()
@@ -169,7 +170,7 @@ def direct(a: argparse.Namespace, work: Path, images: dict[str, str]) -> list[di
 
 def newest_image(client: Any, variant: str) -> str:
     """The newest image matrun built for torch ``variant`` from its current recipe."""
-    from matrun.runner.environments.images import LABEL, recipe_hash
+    from matrun.runner.environments.contexts import LABEL, recipe_hash
 
     labels = [f"{LABEL}.framework=torch", f"{LABEL}.variant={variant}",
               f"{LABEL}.recipe-hash={recipe_hash('torch', variant)}"]

@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from matrun.warehouse.bundles.write import EVENTS, SPEC, write_json_atomic
+from matrun.warehouse.bundles.layout import EVENTS, SPEC
+from matrun.warehouse.bundles.write import write_json_atomic
 from matrun.runner.datasets.staging import default_data_dir
 from matrun.runner.environments.venvs import ensure_env
 from matrun.runner.executors.protocol import RunRequest

@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from matrun.runner.environments import engine, images as build
+from matrun.runner.environments import builds, engine
 from matrun.frameworks import frameworks
 
 
@@ -42,7 +42,7 @@ def main() -> None:
     rows = []
     for framework, variant in images:
         started = time.perf_counter()
-        (built,) = build.build_images([(framework, variant)], client=client, base_image=args.base_image,
+        (built,) = builds.build_images([(framework, variant)], client=client, base_image=args.base_image,
                                       wheelhouse=wheelhouse, ca_bundle=ca if ca.is_file() else None,
                                       force=True)
         total = time.perf_counter() - started

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from bundle_factory import DEFAULT_PARAMS, make_bundle  # noqa: E402
 
-from matrun.reports import build_report  # noqa: E402
+from matrun.reports.build import build_report  # noqa: E402
 from matrun.reports.build import read_report_data  # noqa: E402
 from matrun.reports.site import render_site  # noqa: E402
 from matrun.warehouse.db import open_warehouse  # noqa: E402

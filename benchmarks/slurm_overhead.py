@@ -35,7 +35,7 @@ from datetime import datetime
 from pathlib import Path
 
 from matrun.runner.slurm import cluster as slurm
-from matrun.runner.sweep import run_sweep
+from matrun.runner.sweep.run import run_sweep
 
 MATRIX = """[sweep]
 name = "{name}"

@@ -1,26 +1,23 @@
-"""The static HTML report over the result warehouse (``matrun report``).
+"""The static HTML report over the result warehouse (``matrun report``) and the page of
+``matrun compare --html``.
 
-``data`` reads the warehouse's views into Polars DataFrames (the only module that touches
-the database), ``shape`` labels and summarises them, ``figures`` draws Plotly figures from
-DataFrames (``study_figures`` those of the study pages), ``sections`` and ``study_sections``
-render the HTML of each page, ``site`` decides which pages exist and assembles them with their
-CSV files, ``pages`` escapes and writes, ``build`` puts it together:
-``build_report(warehouse=..., out_dir=..., publish=False)``.
+Modules:
+
+- ``data``: reads the warehouse's views into Polars DataFrames (the only module that runs SQL);
+- ``shape``: labels, summarises and masks those DataFrames;
+- ``figures``: Plotly figures from DataFrames, and the helpers every figure shares
+  (``base_layout``, ``legend_below``, ``empty_figure``); ``study_figures``: those of the
+  study pages;
+- ``pages``: HTML escaping and building blocks, page templates, writing the site atomically;
+- ``sections`` / ``study_sections``: the HTML of each page's sections (``sections`` also
+  holds the number formatting both use);
+- ``site``: which pages exist, what each shows, their CSV files (pure: no I/O);
+- ``build``: ``build_report(warehouse=..., out_dir=..., publish=False)``, the library twin of
+  ``matrun report``: read, shape, draw, write;
+- ``compare``: the self-contained HTML page of a ``matrun.warehouse.compare.Comparison``.
+
+May import ``matrun.errors`` and ``matrun.warehouse`` (``warehouse.db`` to open the
+warehouse read-only, ``warehouse.compare`` for the comparison it renders,
+``warehouse.bundles.layout`` for the run statuses); never ``matrun.runner``.  Nothing in
+``matrun.warehouse`` imports this package.
 """
-
-from __future__ import annotations
-
-from pathlib import Path
-
-
-def build_report(
-    *, warehouse: Path, out_dir: Path, run_id: str | None = None, sweep: str | None = None,
-    publish: bool = False,
-) -> Path:
-    """Build the report; see ``matrun.reports.build.build_report``."""
-    from matrun.reports.build import build_report as build
-
-    return build(warehouse=warehouse, out_dir=out_dir, run_id=run_id, sweep=sweep, publish=publish)
-
-
-__all__ = ["build_report"]

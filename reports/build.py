@@ -18,12 +18,13 @@ from typing import Iterable, Mapping
 
 import duckdb
 
-from matrun.errors import MatrunError
+from matrun.errors import InputError, MatrunError
 from matrun.reports import data as reads
 from matrun.reports.data import ReportData
 from matrun.reports.pages import check_replaceable, write_site
 from matrun.reports.shape import choose_run, mask_frame, monitor_runs
 from matrun.reports.site import INDEX, MAX_MONITOR_RUNS, render_site
+from matrun.warehouse.db import open_warehouse
 
 MAX_MONITOR_POINTS = 500
 
@@ -45,8 +46,6 @@ def build_report(
     leaves the warehouse's name out, and refuses to write any page that still holds the
     warehouse's, the bundles' or the output's location.
     """
-    from matrun.warehouse.db import open_warehouse
-
     check_replaceable(Path(out_dir))  # refuse before the work, not after (checked again at the swap)
     with open_warehouse(Path(warehouse), read_only=True) as wh:
         report = read_report_data(wh.con, sweep=sweep, run_id=run_id)
@@ -64,8 +63,6 @@ def read_report_data(
     con: duckdb.DuckDBPyConnection, *, sweep: str | None = None, run_id: str | None = None
 ) -> ReportData:
     """Everything the report shows, read from an open warehouse connection."""
-    from matrun.errors import InputError
-
     sweeps = reads.read_sweeps(con)
     if sweep is not None and sweeps and sweep not in sweeps:
         raise InputError(

@@ -46,7 +46,8 @@ def _colors(frame: pl.DataFrame, colors: Mapping[str, str] | None) -> Mapping[st
     return cell_colors(frame.get_column("label").to_list()) if "label" in frame.columns else {}
 
 
-def _base_layout(fig: go.Figure, *, title: str, height: int) -> go.Figure:
+def base_layout(fig: go.Figure, *, title: str, height: int) -> go.Figure:
+    """The report's look for every figure: template, left-aligned title, height, font, margins."""
     fig.update_layout(
         template=TEMPLATE, title={"text": title, "x": 0.0, "xanchor": "left"},
         height=height, font=_FONT, margin={"l": 60, "r": 30, "t": 70, "b": 50},
@@ -65,19 +66,20 @@ def legend_below(fig: go.Figure, title: str, *, plot_height: int = 300) -> go.Fi
     width = sum(8 * len(n) + 60 for n in names)  # about 8 px a character at 13 px
     rows = math.ceil(width / 1000) if names else 0
     bottom = 100 + 22 * rows
-    fig = _base_layout(fig, title=title, height=70 + plot_height + bottom)
+    fig = base_layout(fig, title=title, height=70 + plot_height + bottom)
     fig.update_layout(margin={"b": bottom},
                       legend={"orientation": "h", "yanchor": "top", "y": -90 / plot_height, "x": 0})
     return fig
 
 
-def _empty(title: str, message: str) -> go.Figure:
+def empty_figure(title: str, message: str) -> go.Figure:
+    """A figure with no data: ``title`` and ``message`` in its middle, no axes."""
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                        font={"size": 15, "color": "#666"})
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    return _base_layout(fig, title=title, height=260)
+    return base_layout(fig, title=title, height=260)
 
 
 def throughput_figure(
@@ -91,7 +93,7 @@ def throughput_figure(
     title = "Training throughput per cell (median over repeats, bars: min–max)"
     rows = baseline.filter(pl.col("throughput_median").is_not_null())
     if rows.is_empty():
-        return _empty(title, "No cell has a successful run with a throughput yet.")
+        return empty_figure(title, "No cell has a successful run with a throughput yet.")
     palette = _colors(rows, colors)
     labels = rows.get_column("label").to_list()
     median = rows.get_column("throughput_median").to_list()
@@ -118,7 +120,7 @@ def throughput_figure(
     ))
     fig.update_xaxes(title_text="images / second (higher is better)", rangemode="tozero")
     fig.update_yaxes(autorange="reversed", automargin=True)
-    return _base_layout(fig, title=title, height=max(260, 120 + 34 * len(labels)))
+    return base_layout(fig, title=title, height=max(260, 120 + 34 * len(labels)))
 
 
 def _gap(a: float | None, b: float | None) -> float:
@@ -138,7 +140,7 @@ def epoch_figure(
     """
     title = "Accuracy and training time per epoch (medians over repeats)"
     if epoch_curve.is_empty():
-        return _empty(title, "No epoch has been recorded yet.")
+        return empty_figure(title, "No epoch has been recorded yet.")
     palette = _colors(epoch_curve, colors)
     fig = make_subplots(
         rows=1, cols=2, horizontal_spacing=0.09,
@@ -198,7 +200,7 @@ def monitor_figure(
     """
     title = "Monitor: CPU and memory over time"
     if samples.is_empty() or not runs:
-        return _empty(title, "No monitor samples for this run.")
+        return empty_figure(title, "No monitor samples for this run.")
     fig = make_subplots(
         rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.55, 0.45],
         subplot_titles=("CPU % of one core (summed over the cell's processes)",
@@ -247,6 +249,6 @@ def monitor_figure(
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.09, "x": 1,
                               "xanchor": "right"})
     selected_label = dict(runs).get(selected, selected)
-    fig = _base_layout(fig, title=_monitor_title(selected_label), height=640)
+    fig = base_layout(fig, title=_monitor_title(selected_label), height=640)
     fig.update_layout(margin={"t": 150}, title={"y": 0.98, "yanchor": "top"})
     return fig

@@ -13,22 +13,24 @@ import polars as pl
 
 from matrun.reports.pages import Html, download_link, esc, join, table, tag
 from matrun.reports.shape import InForce, mismatch_list
+from matrun.warehouse.bundles.layout import STATUSES
 
 # A throughput coefficient of variation above this marks the cell as noisy.
 NOISY_CV = 0.05
-_FAILED = frozenset({"failed", "timeout", "oom", "cancelled"})
+_FAILED = frozenset(STATUSES) - {"ok"}  # every way a run can end but ok
 
 
 # --- number formatting ------------------------------------------------------------------
 
 
-def _missing(value: Any) -> bool:
+def is_missing(value: Any) -> bool:
+    """Whether a value from a DataFrame is missing: None or NaN."""
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def fmt(value: Any, digits: int = 1) -> str:
     """A number with thousands separators and ``digits`` decimals; a dash when missing."""
-    if _missing(value):
+    if is_missing(value):
         return "–"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
@@ -37,7 +39,7 @@ def fmt(value: Any, digits: int = 1) -> str:
 
 def fmt_pct(value: Any, digits: int = 1) -> str:
     """A fraction as a percentage (0.853 -> 85.3%)."""
-    return "–" if _missing(value) else f"{100 * float(value):.{digits}f}%"
+    return "–" if is_missing(value) else f"{100 * float(value):.{digits}f}%"
 
 
 def num(text: str, sub: Any = None) -> Html:
@@ -109,7 +111,7 @@ def baseline_section(
         values = cell_params.get((row["sweep"], row["cell_id"]), row)
         flags: list[Html] = []
         cv = row.get("throughput_cv")
-        if not _missing(cv) and cv > NOISY_CV:
+        if not is_missing(cv) and cv > NOISY_CV:
             flags.append(flag("noisy", "warn", f"throughput CV {fmt_pct(cv)} > {fmt_pct(NOISY_CV, 0)}"))
         mismatch_runs = row.get("mismatch_runs") or 0
         if mismatch_runs:

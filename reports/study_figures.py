@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from matrun.reports.figures import PALETTE, _base_layout, _empty, legend_below as _finish, plot_text
+from matrun.reports.figures import PALETTE, base_layout, empty_figure, legend_below, plot_text
 from matrun.reports.shape import thread_order, thread_text
 
 # Colours of the verdicts, in bars and badges alike.
@@ -115,7 +115,7 @@ def defaults_figure(default_cells: pl.DataFrame) -> go.Figure:
     title = "Each framework at its own default settings (A1: medians, bars: CI)"
     rows = default_cells.filter(pl.col("cell_id").is_not_null())
     if rows.is_empty():
-        return _empty(title, "No group has exactly one cell with the framework's default settings.")
+        return empty_figure(title, "No group has exactly one cell with the framework's default settings.")
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.07,
                         subplot_titles=("Training seconds", "Test seconds", "Test accuracy"))
     frameworks = list(dict.fromkeys(rows.get_column("framework").to_list()))
@@ -138,7 +138,7 @@ def defaults_figure(default_cells: pl.DataFrame) -> go.Figure:
     fig.update_layout(barmode="group")
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(tickformat=".0%", row=1, col=3)
-    return _finish(fig, title)
+    return legend_below(fig, title)
 
 
 def best_figure(best: pl.DataFrame) -> go.Figure:
@@ -147,7 +147,7 @@ def best_figure(best: pl.DataFrame) -> go.Figure:
     title = "Best settings against the defaults (median images/s; colour: significance)"
     rows = best.filter(pl.col("best_cell_id").is_not_null()).to_dicts()
     if not rows:
-        return _empty(title, "No group has a default cell to compare with.")
+        return empty_figure(title, "No group has a default cell to compare with.")
     x = [plot_text(f"{r['framework']} · {r['model']} · {r['dataset']} · {r['device']}") for r in rows]
     fig = go.Figure()
     fig.add_trace(go.Bar(
@@ -165,7 +165,7 @@ def best_figure(best: pl.DataFrame) -> go.Figure:
     ))
     fig.update_layout(barmode="group")
     fig.update_yaxes(title_text="images / second", rangemode="tozero")
-    return _finish(fig, title)
+    return legend_below(fig, title)
 
 
 # --- A4-A5: math libraries ------------------------------------------------------------------
@@ -183,7 +183,7 @@ def library_figure(frame: pl.DataFrame, labels: Mapping[Any, str],
     with their intervals; the hover gives the verdict against the default library."""
     title = "Math libraries: throughput and training time per configuration (medians, bars: CI)"
     if frame.is_empty():
-        return _empty(title, "No configuration ran with two libraries.")
+        return empty_figure(title, "No configuration ran with two libraries.")
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
                         subplot_titles=("Throughput (images/s, higher is better)",
                                         "Training seconds (lower is better)"))
@@ -206,7 +206,7 @@ def library_figure(frame: pl.DataFrame, labels: Mapping[Any, str],
             ), row=1, col=col)
     fig.update_layout(barmode="group")
     fig.update_yaxes(rangemode="tozero")
-    return _finish(fig, title)
+    return legend_below(fig, title)
 
 
 # --- A6: threads --------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def thread_figure(frame: pl.DataFrame, labels: Mapping[Any, str],
     error bars from the intervals; the fastest setting of each configuration is a star."""
     title = "Threads: throughput and training time (medians, bars: CI; ★ fastest)"
     if frame.is_empty():
-        return _empty(title, "No configuration ran with two thread settings.")
+        return empty_figure(title, "No configuration ran with two thread settings.")
     order = thread_order(frame.get_column("threads").to_list())
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
                         subplot_titles=("Throughput (images/s)", "Training seconds"))
@@ -245,7 +245,7 @@ def thread_figure(frame: pl.DataFrame, labels: Mapping[Any, str],
     fig.update_xaxes(type="category", categoryorder="array",
                      categoryarray=[plot_text(t) for t in order], title_text="threads")
     fig.update_yaxes(rangemode="tozero")
-    return _finish(fig, title)
+    return legend_below(fig, title)
 
 
 # Columns that define a threads x batch grid: a thread_sweep configuration less batch_size.
@@ -279,7 +279,7 @@ def thread_batch_heatmaps(frame: pl.DataFrame, limit: int = 6) -> list[tuple[str
         fig.update_xaxes(type="category", title_text="threads")
         fig.update_yaxes(type="category", title_text="batch size")
         title = f"Threads × batch size: median throughput — {name}"
-        out.append((title, _base_layout(fig, title=plot_text(title), height=380)))
+        out.append((title, base_layout(fig, title=plot_text(title), height=380)))
         if len(out) >= limit:
             break
     return out
@@ -330,7 +330,7 @@ def epoch_sweep_figure(part: pl.DataFrame, label: str,
     fig.update_xaxes(title_text=unit)
     fig.update_yaxes(title_text="test accuracy", tickformat=".0%", secondary_y=False)
     fig.update_yaxes(title_text="training seconds", rangemode="tozero", secondary_y=True)
-    return _finish(fig, plot_text(title), plot_height=280)
+    return legend_below(fig, plot_text(title), plot_height=280)
 
 
 # --- A8 / B2 / B3 / A11 / B1: batch size ---------------------------------------------------
@@ -349,7 +349,7 @@ def batch_figure(frame: pl.DataFrame, labels: Mapping[Any, str],
     their intervals; a batch where no run succeeded is marked × at zero."""
     title = "Batch size: throughput, time per epoch and accuracy (medians, bars: CI)"
     if frame.is_empty():
-        return _empty(title, "No configuration ran with two batch sizes.")
+        return empty_figure(title, "No configuration ran with two batch sizes.")
     inference = (frame.get_column("mode") == "inference").any()
     titles = ["Training throughput (images/s)"]
     if inference:
@@ -406,7 +406,7 @@ def batch_figure(frame: pl.DataFrame, labels: Mapping[Any, str],
         fig.update_xaxes(**_log2_axis(frame.get_column("batch_size").to_list()), row=1, col=col)
         fig.update_yaxes(rangemode="tozero", row=1, col=col)
     fig.update_yaxes(tickformat=".0%", rangemode="normal", row=1, col=acc_col)
-    return _finish(fig, title)
+    return legend_below(fig, title)
 
 
 def batch_resources_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Figure:
@@ -414,7 +414,7 @@ def batch_resources_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go
     memory limit dashed and the batches that ran out of memory marked ×."""
     title = "Batch size: CPU %, host memory and device memory"
     if frame.is_empty():
-        return _empty(title, "No configuration ran with two batch sizes.")
+        return empty_figure(title, "No configuration ran with two batch sizes.")
     has_device = frame.get_column("device_memory_peak_mb").drop_nulls().len() > 0
     titles = ["CPU % of one core (dotted: iowait)", "Host memory MiB (peak; dotted: average)"]
     if has_device:
@@ -461,7 +461,7 @@ def batch_resources_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go
     for col in range(1, len(titles) + 1):
         fig.update_xaxes(**_log2_axis(frame.get_column("batch_size").to_list()), row=1, col=col)
         fig.update_yaxes(rangemode="tozero", row=1, col=col)
-    return _finish(fig, title)
+    return legend_below(fig, title)
 
 
 # --- A9-A10: batch x length x learning rate ------------------------------------------------
@@ -503,7 +503,7 @@ def lr_grid_figure(part: pl.DataFrame, label: str) -> go.Figure:
         fig.update_yaxes(type="category", categoryorder="array", categoryarray=ys, row=1, col=col)
     fig.update_yaxes(title_text="batch size", row=1, col=1)
     title = f"Accuracy over batch size × learning rate — {label}"
-    return _base_layout(fig, title=plot_text(title), height=400)
+    return base_layout(fig, title=plot_text(title), height=400)
 
 
 def _grid_text(r: Mapping[str, Any] | None) -> str:
@@ -526,7 +526,7 @@ def scaling_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Figure:
     title = "Scaling over workers / GPUs / nodes: speedup with the linear limit"
     rows = frame.filter(pl.col("ref_cell_id").is_not_null() & pl.col("speedup").is_not_null())
     if rows.is_empty():
-        return _empty(title, "No configuration has a 1-worker reference with a throughput.")
+        return empty_figure(title, "No configuration has a 1-worker reference with a throughput.")
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
                         subplot_titles=("Speedup (throughput ÷ 1 worker)", "Efficiency (speedup ÷ workers)"))
     top = max(rows.get_column("workers").to_list())
@@ -558,7 +558,7 @@ def scaling_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Figure:
     fig.update_xaxes(title_text="workers", dtick=1, rangemode="tozero")
     fig.update_yaxes(rangemode="tozero", row=1, col=1)
     fig.update_yaxes(rangemode="tozero", tickformat=".0%", row=1, col=2)
-    return _finish(fig, title)
+    return legend_below(fig, title)
 
 
 # --- B7: convergence --------------------------------------------------------------------------
@@ -569,7 +569,7 @@ def convergence_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Fig
     accuracy against the elapsed training time; epochs numbered from 1."""
     title = "Convergence: test accuracy and time per epoch (medians over repeats, bars: CI)"
     if frame.is_empty():
-        return _empty(title, "No epoch has been recorded.")
+        return empty_figure(title, "No epoch has been recorded.")
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.07,
                         subplot_titles=("Test accuracy per epoch", "Seconds per epoch",
                                         "Test accuracy vs elapsed training time"))
@@ -607,7 +607,7 @@ def convergence_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Fig
     fig.update_yaxes(tickformat=".0%", row=1, col=1)
     fig.update_yaxes(tickformat=".0%", row=1, col=3)
     fig.update_yaxes(rangemode="tozero", row=1, col=2)
-    return _finish(fig, title)
+    return legend_below(fig, title)
 
 
 # --- D / E: layers ----------------------------------------------------------------------------
@@ -630,7 +630,7 @@ def layer_figure(part: pl.DataFrame, label: str) -> go.Figure:
     fig.update_xaxes(title_text="milliseconds per step (median over runs)")
     fig.update_yaxes(autorange="reversed", automargin=True)
     title = f"Layer-wise forward and backward time — {label}"
-    return _base_layout(fig, title=plot_text(title), height=max(300, 110 + 24 * len(rows)))
+    return base_layout(fig, title=plot_text(title), height=max(300, 110 + 24 * len(rows)))
 
 
 def layer_kinds_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Figure:
@@ -638,7 +638,7 @@ def layer_kinds_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Fig
     100 % (convolutions against the rest)."""
     title = "Share of a step's layer time by kind of layer"
     if frame.is_empty():
-        return _empty(title, "No cell ran with layer_profile.")
+        return empty_figure(title, "No cell ran with layer_profile.")
     cells = list(dict.fromkeys(zip(frame.get_column("sweep").to_list(),
                                    frame.get_column("cell_id").to_list())))
     y = [plot_text(labels.get(cell, cell)) for _, cell in cells]
@@ -656,7 +656,7 @@ def layer_kinds_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Fig
     fig.update_layout(barmode="stack", legend={"orientation": "h", "y": -0.2, "x": 0})
     fig.update_xaxes(tickformat=".0%", range=[0, 1], title_text="share of the summed layer time")
     fig.update_yaxes(autorange="reversed", automargin=True)
-    return _base_layout(fig, title=title, height=max(280, 140 + 30 * len(cells)))
+    return base_layout(fig, title=title, height=max(280, 140 + 30 * len(cells)))
 
 
 # --- E: options -----------------------------------------------------------------------------
@@ -667,7 +667,7 @@ def option_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Figure:
     equal; a bar is coloured only when the difference is significant."""
     title = "Options: throughput against the default value (1 = no change; grey: not significant)"
     if frame.is_empty():
-        return _empty(title, "No pair of cells differs in one option only.")
+        return empty_figure(title, "No pair of cells differs in one option only.")
     rows = frame.to_dicts()
     y = [plot_text(f"{r['option']}: {r['ref_value']} → {r['value']} · {labels.get(r['config'], r['config'])}")
          for r in rows]
@@ -686,7 +686,7 @@ def option_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Figure:
     top = max([_num(r["throughput_ratio"]) or 0.0 for r in rows] + [1.0])
     fig.update_xaxes(title_text="median throughput ÷ the default's", range=[0, top * 1.35])
     fig.update_yaxes(autorange="reversed", automargin=True)
-    return _base_layout(fig, title=title, height=max(280, 140 + 30 * len(rows)))
+    return base_layout(fig, title=title, height=max(280, 140 + 30 * len(rows)))
 
 
 # --- Pareto -------------------------------------------------------------------------------------
@@ -728,4 +728,4 @@ def pareto_figure(part: pl.DataFrame, labels: Mapping[Any, str], group: str) -> 
     fig.update_xaxes(title_text="median training seconds (lower is better)", rangemode="tozero")
     fig.update_yaxes(title_text="median test accuracy (higher is better)", tickformat=".0%")
     title = f"Training time against accuracy — {group}"
-    return _finish(fig, plot_text(title), plot_height=320)
+    return legend_below(fig, plot_text(title), plot_height=320)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 import polars as pl
 
 from matrun.reports.pages import Html, download_link, esc, join, table, tag
-from matrun.reports.sections import _missing, flag, fmt, fmt_pct, num
+from matrun.reports.sections import flag, fmt, fmt_pct, is_missing, num
 from matrun.reports.study_figures import interval_text
 
 # An HTML table shows at most this many rows; the CSV next to it has them all.
@@ -36,7 +36,7 @@ def ci_cell(row: Mapping[str, Any], stat: str, levels: Mapping[str, Mapping[str,
     text = fmt_pct(value, digits) if percent else fmt(value, digits)
     words = interval_text(row.get(f"{name}_ci_low"), row.get(f"{name}_ci_high"),
                           level.get(f"{stat}_ci_level"), level.get(f"{stat}_n"), digits, percent)
-    if _missing(value):
+    if is_missing(value):
         words = ""
     cell = num(text, words or None)
     if noisy and row.get(f"{name}_noisy"):
@@ -49,7 +49,7 @@ def verdict_badge(verdict: Any, significant: Any, p_value: Any = None, test: Any
     if verdict is None:
         return esc(None)
     detail = []
-    if not _missing(p_value):
+    if not is_missing(p_value):
         detail.append(f"p = {p_value:.3g}")
     if test == "interval overlap":
         detail.append("too few runs to test")
@@ -70,11 +70,11 @@ def verdict_badge(verdict: Any, significant: Any, p_value: Any = None, test: Any
 
 
 def ratio(value: Any, digits: int = 2) -> Html:
-    return num("–" if _missing(value) else f"×{value:,.{digits}f}")
+    return num("–" if is_missing(value) else f"×{value:,.{digits}f}")
 
 
 def change_pp(value: Any) -> Html:
-    return num("–" if _missing(value) else f"{value:+.2f} pp")
+    return num("–" if is_missing(value) else f"{value:+.2f} pp")
 
 
 def onoff(value: Any) -> Any:
@@ -257,8 +257,8 @@ def epoch_table(frame: pl.DataFrame, labels: Mapping[Any, str],
         Column("test s", lambda r: num(fmt(r["test_s_median"], 2))),
         Column("accuracy", lambda r: ci_cell(r, "accuracy", levels, percent=True)),
         Column("time ratio ÷ length ratio", lambda r: num(
-            "–" if _missing(r["time_linearity"]) else f"{r['time_linearity']:.2f}",
-            None if _missing(r["time_ratio"]) else
+            "–" if is_missing(r["time_linearity"]) else f"{r['time_linearity']:.2f}",
+            None if is_missing(r["time_ratio"]) else
             f"×{r['time_ratio']:.2f} time for ×{r['length_ratio']:.2f} length")),
         Column("accuracy change", lambda r: change_pp(r["accuracy_change"])),
         Column("accuracy verdict", _verdict("accuracy_")),
@@ -361,7 +361,7 @@ def scaling_table(frame: pl.DataFrame, labels: Mapping[Any, str],
         Column("gpus · nodes", lambda r: f"{fmt(r['gpus'])} · {fmt(r['nodes'])}"),
         Column("global batch (per worker)", lambda r: num(fmt(r["global_batch"]), f"{fmt(r['per_worker_batch'])} per worker")),
         Column("exchange", lambda r: num(fmt_pct(r["exchange_fraction_median"], 0),
-                                         None if _missing(r["exchange_s_median"])
+                                         None if is_missing(r["exchange_s_median"])
                                          else f"{1000 * r['exchange_s_median']:.1f} ms per step")),
         Column("runs", lambda r: num(fmt(r["runs"]), _not_ok(r))),
         Column("images/s", lambda r: ci_cell(r, "throughput", levels, digits=1, noisy=True)),
@@ -397,7 +397,7 @@ def convergence_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
         Column("train loss", lambda r: num(fmt(r["train_loss_mean"], 3))),
         Column("s / epoch", lambda r: num(fmt(r["epoch_s_median"], 2), interval_text(
             r["epoch_s_ci_low"], r["epoch_s_ci_high"], None, r["runs"], 2)
-            if not _missing(r["epoch_s_ci_low"]) else None)),
+            if not is_missing(r["epoch_s_ci_low"]) else None)),
         Column("elapsed s", lambda r: num(fmt(r["elapsed_s"], 1))),
     ]
     return table_block("Per cell and epoch (B7)", "convergence-table", frame, columns,
@@ -437,7 +437,7 @@ def layer_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
 
 
 def _ms(seconds: Any) -> Any:
-    return None if _missing(seconds) else seconds * 1000
+    return None if is_missing(seconds) else seconds * 1000
 
 
 # --- options ---------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from matrun.warehouse.bundles.write import (
+from matrun.warehouse.bundles.layout import (
     EVENTS,
     MONITOR,
     SCHEMA_VERSION,
@@ -18,9 +18,8 @@ from matrun.warehouse.bundles.write import (
     STDERR,
     STDOUT,
     RunKey,
-    write_json_atomic,
-    write_jsonl,
 )
+from matrun.warehouse.bundles.write import write_json_atomic, write_jsonl
 
 DEFAULT_PARAMS: dict[str, Any] = {
     "framework": "torch", "variant": "cpu", "device": "cpu", "mode": "train",

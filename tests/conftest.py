@@ -43,7 +43,7 @@ def torch_env():
 @pytest.fixture(scope="session")
 def stage() -> Path:
     """The staged harness, exactly as the host puts it on a cell's PYTHONPATH."""
-    from matrun.runner.environments.venvs import stage_harness
+    from matrun.runner.environments.home import stage_harness
 
     return stage_harness()
 
@@ -114,11 +114,11 @@ def built_image(client, framework: str, variant: str):
     and the variant's promise check) on the debootstrapped base when missing; once a session."""
     key = (framework, variant)
     if key not in _BUILT:
-        from matrun.runner.environments import engine, images as build
+        from matrun.runner.environments import builds, engine
 
         try:
             engine.ensure_base_image(client)
-            (_BUILT[key],) = build.build_images([key], client=client, base_image=engine.BASE_IMAGE,
+            (_BUILT[key],) = builds.build_images([key], client=client, base_image=engine.BASE_IMAGE,
                                                 wheelhouse=_wheelhouse(), ca_bundle=_ca_bundle())
         except Exception as exc:
             if REQUIRE_ENGINE:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from matrun.errors import InputError
-from matrun.runner.environments import engine, images as build
+from matrun.runner.environments import builds, contexts, engine, probes
 from matrun.frameworks import frameworks
 
 REPO_IMAGES = Path(__file__).resolve().parents[1] / "images"
@@ -46,7 +46,7 @@ def test_engine_addresses_off_this_host_are_refused(url: str) -> None:
 def test_images_needed_lists_each_variant_once_in_order() -> None:
     cells = [{"framework": "torch", "variant": "cpu"}, {"framework": "mxnet", "variant": "cpu"},
              {"framework": "torch", "variant": "cpu"}]
-    assert build.images_needed(cells) == [("torch", "cpu"), ("mxnet", "cpu")]
+    assert contexts.images_needed(cells) == [("torch", "cpu"), ("mxnet", "cpu")]
 
 
 def _images_copy(tmp_path: Path) -> Path:
@@ -55,8 +55,8 @@ def _images_copy(tmp_path: Path) -> Path:
     return images
 
 
-def _context(tmp_path: Path, name: str, images: Path, **kwargs) -> build.BuildContext:
-    return build.prepare_context("torch", "cpu", dest=tmp_path / name, base_image="base:x",
+def _context(tmp_path: Path, name: str, images: Path, **kwargs) -> contexts.BuildContext:
+    return contexts.prepare_context("torch", "cpu", dest=tmp_path / name, base_image="base:x",
                                  base_image_id="sha256:1", images_dir=images, **kwargs)
 
 
@@ -84,7 +84,7 @@ def test_context_hash_covers_pins_wheels_and_base_but_not_the_ca_bundle(tmp_path
     assert labels["org.matrun.content-hash"] == first.content_hash
 
     assert _context(tmp_path, "c", images).content_hash != first.content_hash  # no wheel
-    other_base = build.prepare_context("torch", "cpu", dest=tmp_path / "d", base_image="base:x",
+    other_base = contexts.prepare_context("torch", "cpu", dest=tmp_path / "d", base_image="base:x",
                                        base_image_id="sha256:2", images_dir=images, wheelhouse=house)
     assert other_base.content_hash != first.content_hash
     req = images / "torch" / "requirements-cpu.txt"
@@ -98,17 +98,17 @@ def test_a_gpu_variant_never_takes_a_cpu_wheel_from_the_wheelhouse(tmp_path: Pat
     for name in ("torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl", "torch-2.13.0-cp312-cp312-linux_x86_64.whl"):
         (house / name).write_bytes(b"w")
     pins = {"torch": "2.13.0"}
-    assert [w.name for w in build.select_wheels(house, pins)] == [
+    assert [w.name for w in contexts.select_wheels(house, pins)] == [
         "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl", "torch-2.13.0-cp312-cp312-linux_x86_64.whl"]
-    assert [w.name for w in build.select_wheels(house, pins, device="gpu")] == [
+    assert [w.name for w in contexts.select_wheels(house, pins, device="gpu")] == [
         "torch-2.13.0-cp312-cp312-linux_x86_64.whl"]
-    assert [w.name for w in build.select_wheels(house, {"torch": "2.13.0+cpu"}, device="gpu")] == [
+    assert [w.name for w in contexts.select_wheels(house, {"torch": "2.13.0+cpu"}, device="gpu")] == [
         "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl", "torch-2.13.0-cp312-cp312-linux_x86_64.whl"]
 
 
 def test_an_unknown_variant_is_refused_with_the_known_ones() -> None:
     with pytest.raises(InputError) as err:
-        build.image_sources("torch", "rocm")
+        contexts.image_sources("torch", "rocm")
     known = ", ".join(frameworks()["torch"].variants)
     assert str(err.value) == (f"framework torch has no variant 'rocm'; known: {known} "
                               "(images/torch/framework.toml)")
@@ -118,28 +118,28 @@ def test_a_declared_variant_without_its_dockerfile_is_refused(tmp_path: Path) ->
     images = _images_copy(tmp_path)
     (images / "torch" / "Dockerfile.cpu").unlink()
     with pytest.raises(InputError) as err:
-        build.image_sources("torch", "cpu", images)
+        contexts.image_sources("torch", "cpu", images)
     assert str(err.value) == "no image for torch:cpu: images/torch/Dockerfile.cpu does not exist"
 
 
 def test_recipe_hash_follows_dockerfile_pins_and_build_args_but_not_the_base(tmp_path: Path) -> None:
     images = _images_copy(tmp_path)
-    first = build.recipe_hash("torch", "cpu", images)
-    assert first == build.recipe_hash("torch", "cpu", images)
+    first = contexts.recipe_hash("torch", "cpu", images)
+    assert first == contexts.recipe_hash("torch", "cpu", images)
     assert _context(tmp_path, "a", images).recipe_hash == first
-    assert build.prepare_context("torch", "cpu", dest=tmp_path / "b", base_image="other:y",
+    assert contexts.prepare_context("torch", "cpu", dest=tmp_path / "b", base_image="other:y",
                                  base_image_id="sha256:9", images_dir=images).recipe_hash == first
     toml = images / "torch" / "framework.toml"
     toml.write_text(toml.read_text().replace('dockerfile = "Dockerfile.cpu"',
                                              'dockerfile = "Dockerfile.cpu"\nbuild_args = { X = "1" }'))
-    with_arg = build.recipe_hash("torch", "cpu", images)
+    with_arg = contexts.recipe_hash("torch", "cpu", images)
     assert with_arg != first
     dockerfile = images / "torch" / "Dockerfile.cpu"
     dockerfile.write_text(dockerfile.read_text() + "\n# a comment is a change\n")
-    assert build.recipe_hash("torch", "cpu", images) not in (first, with_arg)
+    assert contexts.recipe_hash("torch", "cpu", images) not in (first, with_arg)
     labels = _context(tmp_path, "c", images).labels()
     assert labels["org.matrun.build-arg.X"] == "1"
-    assert labels["org.matrun.recipe-hash"] == build.recipe_hash("torch", "cpu", images)
+    assert labels["org.matrun.recipe-hash"] == contexts.recipe_hash("torch", "cpu", images)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -157,12 +157,12 @@ def test_malformed_variant_descriptions_are_refused(tmp_path: Path, text: str, m
     head = toml.read_text().split("[variants.", 1)[0]
     toml.write_text(head + text)
     with pytest.raises(InputError) as err:
-        build.image_sources("torch", "cpu", images)
+        contexts.image_sources("torch", "cpu", images)
     assert str(err.value) == message
 
 
 def test_the_default_base_image_is_the_dockerfiles_pinned_one() -> None:
-    assert build.default_base_image("torch", "cpu") == "debian:bookworm-20240926-slim"
+    assert contexts.default_base_image("torch", "cpu") == "debian:bookworm-20240926-slim"
 
 
 def test_probe_summary_takes_torch_blas_from_its_build_not_numpy() -> None:
@@ -173,7 +173,7 @@ def test_probe_summary_takes_torch_blas_from_its_build_not_numpy() -> None:
                             {"name": "libscipy_openblas64_-32a4b2a6.so", "user_api": "blas",
                              "internal_api": "openblas", "version": "0.3.31",
                              "path": "/opt/venv/lib/python3.11/site-packages/numpy.libs/x.so"}]}
-    found = build.summarise_probe(fields)
+    found = probes.summarise_probe(fields)
     assert (found.blas, found.onednn, found.openmp, found.cuda) == ("mkl", "3.12.0", "libgomp.so.1", None)
 
 
@@ -201,10 +201,10 @@ def test_a_private_engine_starts_answers_and_stops_by_its_pid(tmp_path: Path) ->
 
 
 def test_broken_promises_name_what_the_probe_did_not_find() -> None:
-    found = build.ImageProbe("mxnet", "1.9.1", "3.11.2", None, None, "openblas 0.3.13", "present",
+    found = probes.ImageProbe("mxnet", "1.9.1", "3.11.2", None, None, "openblas 0.3.13", "present",
                              "libgomp.so.1")
-    assert build.broken_promises(found, {"blas": "OpenBLAS", "onednn": "any", "cuda": "none"}) == []
-    assert build.broken_promises(found, {"blas": "mkl", "cuda": "11.7", "gpu": "a100"}) == [
+    assert probes.broken_promises(found, {"blas": "OpenBLAS", "onednn": "any", "cuda": "none"}) == []
+    assert probes.broken_promises(found, {"blas": "mkl", "cuda": "11.7", "gpu": "a100"}) == [
         "blas: promised mkl, the probe found openblas 0.3.13",
         "cuda: promised 11.7, the probe found none",
         "gpu: not something the probe reports"]
@@ -245,8 +245,8 @@ def _wheelhouse() -> Path:
 
 
 def test_real_torch_cpu_image_is_built_labelled_and_probed(client, base_image: str) -> None:
-    events: list[build.BuildEvent] = []
-    built, = build.build_images([("torch", "cpu")], client=client, base_image=base_image,
+    events: list[builds.BuildEvent] = []
+    built, = builds.build_images([("torch", "cpu")], client=client, base_image=base_image,
                                 wheelhouse=_wheelhouse(),
                                 ca_bundle=CA_BUNDLE if CA_BUNDLE.is_file() else None,
                                 progress=events.append)
@@ -271,13 +271,13 @@ def test_real_torch_cpu_image_is_built_labelled_and_probed(client, base_image: s
         network_mode="none", remove=True)
     assert out.decode().split() == ["0", "0"]
 
-    again, = build.build_images([("torch", "cpu")], client=client, base_image=base_image,
+    again, = builds.build_images([("torch", "cpu")], client=client, base_image=base_image,
                                 wheelhouse=_wheelhouse(), probe=False)
     assert (again.tag, again.image_id, again.build_seconds) == (built.tag, built.image_id, None)
 
     # A variant whose probe does not show the promised library fails its build check.
-    with pytest.raises(build.ImageBuildError) as err:
-        build.build_images([("torch", "cpu")], client=client, base_image=base_image,
+    with pytest.raises(builds.ImageBuildError) as err:
+        builds.build_images([("torch", "cpu")], client=client, base_image=base_image,
                            wheelhouse=_wheelhouse(), promises={("torch", "cpu"): {"blas": "openblas"}})
     assert str(err.value) == (f"image {built.tag} (torch:cpu) does not hold what the variant promises "
                               "(probe with oneDNN on): blas: promised openblas, the probe found mkl")
@@ -289,8 +289,8 @@ def test_a_failing_build_names_the_step_and_shows_its_log(client, base_image: st
     (images / "broken" / "requirements-cpu.txt").write_text("")
     (images / "broken" / "Dockerfile.cpu").write_text(
         "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo about-to-fail && exit 3\n")
-    with pytest.raises(build.ImageBuildError) as err:
-        build.build_images([("broken", "cpu")], client=client, base_image=base_image,
+    with pytest.raises(builds.ImageBuildError) as err:
+        builds.build_images([("broken", "cpu")], client=client, base_image=base_image,
                            images_dir=images, probe=False)
     # The legacy builder appends the labels as steps: six here (no pins, no wheels).
     assert err.value.step == "Step 3/9 : RUN echo about-to-fail && exit 3"

@@ -42,7 +42,7 @@ from typer.testing import CliRunner
 
 from bundle_factory import make_bundle, read_json
 from matrun.errors import InputError, QueryError
-from matrun.runner.cli import app
+from matrun.runner.cli.main import app
 from matrun.warehouse.advise import advise
 from matrun.warehouse.compare import compare
 from matrun.warehouse.ingest import ingest

@@ -30,8 +30,8 @@ from typer.testing import CliRunner
 from matrun.errors import DataError, InputError
 from matrun.runner.datasets import staging as datasets, safe_pickle
 from matrun.runner.cli.data import data_app
-from matrun.runner.harness import DataError as CellDataError
 from matrun.runner.harness import datasets as data
+from matrun.runner.harness.errors import DataError as CellDataError
 
 BASE = {"train_limit": 0, "test_limit": 0, "seed": 0}
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from matrun.warehouse.bundles.write import EVENTS, MONITOR, SPEC, STDERR, STDOUT, write_json_atomic
+from matrun.warehouse.bundles.layout import EVENTS, MONITOR, SPEC, STDERR, STDOUT
+from matrun.warehouse.bundles.write import write_json_atomic
 from matrun.runner.executors.protocol import RunRequest
 from matrun.runner.executors.docker import (CONTAINER_JSON, HARNESS_MOUNT, CellLabels, DockerExecutor, ImageRef,
                                             cell_user, container_kwargs)

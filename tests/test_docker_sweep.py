@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from matrun.runner.environments.images import recipe_hash
+from matrun.runner.environments.contexts import recipe_hash
 from test_sweep import sql
 
 MATRUN = [str(Path(sys.executable).with_name("matrun"))]

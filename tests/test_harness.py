@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from matrun.runner import harness
-from matrun.runner.harness import DataError, SpecError, load_spec
+from matrun.runner.harness.cell import load_spec
+from matrun.runner.harness.errors import DataError, SpecError
 from matrun.runner.harness import datasets as data
 from matrun.runner.harness.adapters import known_frameworks
 from matrun.runner.harness.events import EventLog, throughput
@@ -500,7 +501,8 @@ def test_sigterm_keeps_the_buffered_steps(torch_python: Path, stage: Path, tmp_p
 def test_harness_runs_without_host_dependencies(torch_python: Path, stage: Path) -> None:
     code = (
         "import sys\n"
-        "from matrun.runner.harness import run_cell, events, probe\nfrom matrun.runner.harness import datasets as data\n"
+        "from matrun.runner.harness.cell import run_cell\nfrom matrun.runner.harness import events, probe, spec\n"
+        "from matrun.runner.harness import datasets as data\n"
         "from matrun.runner.harness.adapters import torch as pytorch\n"
         "from matrun.runner.harness.__main__ import main\n"
         "host = {'typer', 'rich', 'duckdb', 'polars', 'pyarrow', 'plotly', 'psutil', 'pydantic'}\n"
@@ -516,12 +518,26 @@ def test_harness_runs_without_host_dependencies(torch_python: Path, stage: Path)
 
 
 def test_cpuset_parsing_and_formatting() -> None:
-    from matrun.runner.harness.probe import format_cpuset, parse_cpuset
+    from matrun.runner.harness.cpusets import format_cpuset, parse_cpuset
 
     assert parse_cpuset("0-1,3") == {0, 1, 3} and parse_cpuset("") == set()
     assert format_cpuset([3, 0, 1, 5, 6, 7]) == "0-1,3,5-7"
-    with pytest.raises(ValueError):
+    assert parse_cpuset(format_cpuset({0, 2, 3, 4, 9})) == {0, 2, 3, 4, 9}
+    with pytest.raises(ValueError, match=r'^expected a CPU list such as "0-3,6" \(or "" for no pinning\), got "a-b"$'):
         parse_cpuset("a-b")
+    with pytest.raises(ValueError, match=r'^CPU range "3-1" runs backwards$'):
+        parse_cpuset("0,3-1")
+
+
+def test_dataset_names_and_shapes_are_written_once() -> None:
+    """The harness's datasets module holds them; the spec's choices and staging derive theirs."""
+    from matrun.runner.datasets import staging
+    from matrun.runner.harness import spec
+
+    assert data.DATASETS == (*data.IDX_DATASETS, data.SYNTHETIC)
+    assert spec.PARAMS["dataset"].choices == data.DATASETS
+    assert staging.IMPORTABLE == tuple(data.IDX_DATASETS) == tuple(data.IDX_SHAPES)
+    assert spec.input_shape({"dataset": "cifar10"}) == data.IDX_SHAPES["cifar10"] == (3, 32, 32)
 
 
 def test_labels_are_int64_arrays() -> None:
@@ -600,7 +616,11 @@ def test_inference_spec_as_the_host_writes_it_is_accepted(tmp_path: Path) -> Non
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"schema_version": 1, "data_dir": "/d", "params": params}))
     assert load_spec(spec)["params"] == params
-    params["mode"] = "train"  # the same nulls in a training cell are errors
+    params["mode"] = "train"  # the same nulls in a training cell are errors, in the order of the keys
+    spec.write_text(json.dumps({"schema_version": 1, "data_dir": "/d", "params": params}))
+    with pytest.raises(SpecError, match=r"\[params -> epochs\] expected a positive integer, got null"):
+        load_spec(spec)
+    params["epochs"] = 1
     spec.write_text(json.dumps({"schema_version": 1, "data_dir": "/d", "params": params}))
     with pytest.raises(SpecError, match=r"\[params -> optimizer\] expected one of"):
         load_spec(spec)

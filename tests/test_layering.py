@@ -237,6 +237,14 @@ def test_every_package_says_what_it_owns_and_may_import():
     assert not missing, f"packages without a docstring saying what they own: {missing}"
 
 
+def test_every_module_is_described_in_the_architecture_doc():
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    missing = [str(path.relative_to(ROOT)) for path in modules().values()
+               if path.name != "__init__.py" and str(path.relative_to(ROOT)) not in doc
+               and f"`{path.name}`" not in doc]
+    assert not missing, f"docs/ARCHITECTURE.md does not mention {missing}"
+
+
 if __name__ == "__main__":
     mods, found = edges()
     print(f"modules: {len(mods)}")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from matrun.warehouse.bundles.write import EVENTS, MONITOR, SPEC, STDERR, write_json_atomic
+from matrun.warehouse.bundles.layout import EVENTS, MONITOR, SPEC, STDERR
+from matrun.warehouse.bundles.write import write_json_atomic
 from matrun.runner.executors.protocol import RunRequest
 from matrun.runner.executors.registry import get_executor
 from matrun.runner.executors.local import LocalExecutor, cell_environment, harness_command
@@ -127,7 +128,8 @@ def test_gpu_cell_environment_names_its_gpus():
 def test_gpu_cells_are_refused_on_a_host_without_gpus(tmp_path):
     from matrun.errors import MatrunError
     from matrun.runner.planning.matrix import load_matrix
-    from matrun.runner.planning.identity import host_gpus, plan_cells, preflight
+    from matrun.runner.planning.identity import plan_cells
+    from matrun.runner.planning.preflight import host_gpus, preflight
 
     if host_gpus():
         pytest.skip(reason="this host has GPUs; the refusal is for hosts without")

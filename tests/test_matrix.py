@@ -8,7 +8,8 @@ import pytest
 
 from matrun.errors import MatrixError
 from matrun.runner.planning.matrix import load_matrix
-from matrun.runner.planning.identity import cell_id, parse_where, plan_cells, select
+from matrun.runner.planning.identity import cell_id, plan_cells
+from matrun.runner.planning.selection import parse_where, select
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -330,3 +331,44 @@ def test_memory_limits_are_bytes_and_spellings_of_one_limit_are_one_value(tmp_pa
     with pytest.raises(MatrixError) as err:
         load_matrix(write(tmp_path, '[axes]\nmemory_limit = ["512m", 536870912]\n'))
     assert str(err.value) == "matrix.toml: [axes -> memory_limit] lists the same value twice"
+
+
+# --- one declaration of the parameters (runner/harness/spec.py) ------------------------------
+
+
+def test_the_hosts_registry_is_the_harness_declaration():
+    from matrun.frameworks import frameworks
+    from matrun.runner.harness import spec
+    from matrun.runner.planning.params import PARAMS
+
+    assert list(PARAMS) == list(spec.PARAMS)
+    for name, param in PARAMS.items():
+        if name != "framework":
+            assert param is spec.PARAMS[name]
+    # the host adds only what it knows: the frameworks it can build
+    assert PARAMS["framework"].choices == tuple(frameworks())
+    assert PARAMS["framework"].default == spec.PARAMS["framework"].default
+    assert spec.PARAMS["dataset"].choices == ("fashion-mnist", "mnist", "cifar10", "synthetic")
+
+
+def test_the_host_nulls_exactly_the_unused_keys():
+    """matrix.canonical and the harness share one rule (spec.unused_keys): every null of every
+    cell of the repository's matrices is an unused key, and every unused key is null."""
+    from matrun.runner.harness.spec import unused_keys
+
+    root = Path(__file__).resolve().parents[1]
+    for path in [root / "matrix.toml", *sorted((root / "studies").glob("*.toml"))]:
+        for cell in load_matrix(path).cells:
+            nulls = {k for k, v in cell.values.items() if v is None}
+            assert nulls == unused_keys(cell.values), (path.name, cell.label)
+
+
+def test_unused_keys_follow_the_cell(tmp_path):
+    text = ('[fixed]\ndataset = "synthetic"\n[[include]]\nmode = "inference"\n'
+            '[[include]]\noptimizer = "adam"\niterations = 50\n[[include]]\nframework = "mxnet"\n')
+    base, inference, adam, mxnet = load_matrix(write(tmp_path, text)).cells
+    assert {k for k, v in base.values.items() if v is None} == {"gpus", "kvstore"}
+    assert {k for k, v in inference.values.items() if v is None} == {
+        "optimizer", "lr", "momentum", "weight_decay", "epochs", "gpus", "kvstore"}
+    assert {k for k, v in adam.values.items() if v is None} == {"momentum", "epochs", "gpus", "kvstore"}
+    assert {k for k, v in mxnet.values.items() if v is None} == {"gpus"}

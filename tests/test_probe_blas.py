@@ -295,7 +295,7 @@ def debian_blas_image(client, blas: str) -> tuple[str | None, str]:
     The newest local image built by matrun from the current recipe of variant ``cpu-<blas>``
     (label ``org.matrun.recipe-hash``), else a hand build tagged ``DEV_IMAGE``.
     """
-    from matrun.runner.environments import images as build
+    from matrun.runner.environments import contexts as build
 
     variant = f"cpu-{blas}"
     why = []
@@ -321,7 +321,7 @@ def debian_blas_image(client, blas: str) -> tuple[str | None, str]:
 def check_debian_blas_image(client, tag: str, blas: str) -> dict:
     """Probe ``tag`` as `matrun build` does and assert that ``blas`` is the BLAS really loaded,
     through Debian's alternative; returns the probe's fields."""
-    from matrun.runner.environments import images as build
+    from matrun.runner.environments import probes as build
 
     found = build.probe_image(client, tag, "torch", f"cpu-{blas}")
     fields = found.raw

@@ -37,9 +37,8 @@ import pytest
 
 from bundle_factory import make_bundle, read_json
 from matrun.errors import InputError
-from matrun.reports import build_report
 from matrun.reports import data as reads
-from matrun.reports.build import PublishLeak, check_no_local_paths, local_paths
+from matrun.reports.build import PublishLeak, build_report, check_no_local_paths, local_paths
 from matrun.reports.data import STUDY_VIEWS
 from matrun.reports.figures import epoch_figure, monitor_figure, throughput_figure
 from matrun.reports.pages import MARKER, csv_value, plotly_js_source, script_json
@@ -823,7 +822,7 @@ def test_cli_report_publish(warehouse: Path, tmp_path: Path,
                             monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from matrun.runner.cli import app
+    from matrun.runner.cli.main import app
 
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from matrun.reports import build_report
+from matrun.reports.build import build_report
 from report_fixture import XSS_ATTR, XSS_HOSTNAME, XSS_SCRIPT, build_study_warehouse
 
 CHROMIUM = os.environ.get("MATRUN_CHROMIUM", "/usr/bin/chromium")

@@ -29,9 +29,8 @@ from matrun.runner.slurm.executor import (
     BATCH_SCRIPT, array_arguments, cpus_per_task, sbatch_resources, task_params,
 )
 from matrun.runner.planning.matrix import load_matrix, parse_matrix
-from matrun.runner.slurm.cluster import (
-    SlurmSettings, decode_exit, expand_indices, parse_jobcomp, parse_squeue_json, time_limit_minutes,
-)
+from matrun.runner.slurm.settings import SlurmSettings, time_limit_minutes
+from matrun.runner.slurm.state import decode_exit, expand_indices, parse_jobcomp, parse_squeue_json
 
 MATRUN = [str(Path(sys.executable).with_name("matrun"))]
 TINY = {"dataset": "synthetic", "synthetic_train": 256, "synthetic_test": 128, "batch_size": 32, "epochs": 1,
@@ -270,7 +269,7 @@ def test_squeue_and_jobcomp_records_are_read():
 def test_runs_slurm_ended_are_recorded_from_its_state_and_ingested(tmp_path):
     # Slurm no longer lists the tasks in squeue (MinJobAge passed): their ends come from the
     # jobcomp log; every task that started gets a result.json and lands in the warehouse.
-    from matrun.runner.slurm.executor import SweepJobs
+    from matrun.runner.slurm.jobs import SweepJobs
     from matrun.warehouse.ingest import ingest
 
     sweep_dir = tmp_path / "results" / "sw"
@@ -435,7 +434,7 @@ def test_a_sweep_runs_as_a_job_array_and_lands_in_duckdb(tmp_path, slurm_cluster
     records = [json.loads(p.read_text()) for p in (tmp_path / "results" / name).glob("*/*/slurm.json")]
     assert sorted(r["array_task_id"] for r in records) == [0, 1]
     assert {r["array_job_id"] for r in records} == {job["job_id"]} and {r["node"] for r in records} == {"node0"}
-    from matrun.runner.slurm.cluster import parse_jobcomp
+    from matrun.runner.slurm.state import parse_jobcomp
 
     # The sweep is done once the tasks wrote their results; Slurm ends the jobs after the epilog.
     wait_for(lambda: active_jobs(slurm_cluster, name) == [], 30, "Slurm to end the jobs (their epilog)")

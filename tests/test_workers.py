@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from matrun.errors import MatrixError
-from matrun.warehouse.bundles.write import EVENTS, SPEC, write_json_atomic
+from matrun.warehouse.bundles.layout import EVENTS, SPEC
+from matrun.warehouse.bundles.write import write_json_atomic
 from matrun.runner.executors.protocol import RunRequest
 from matrun.runner.executors.docker import CellLabels, DockerExecutor, ImageRef, container_kwargs
 from matrun.runner.executors.local import LocalExecutor, cell_environment, harness_command

@@ -1,6 +1,21 @@
-"""The DuckDB result warehouse: schema migrations, SQL views, bundle ingest, read-only query.
+"""The DuckDB result warehouse: schema migrations, SQL views, bundles and their ingest, and
+the read-only readings built on it (docs/WAREHOUSE.md is the contract other code relies on).
 
-Modules: ``db`` (open a warehouse: lock, migrations, views), ``bundles`` (find and validate
-result bundles), ``ingest`` (load bundles in one transaction), ``query`` (read-only SQL).
-The contract other code relies on is docs/WAREHOUSE.md.
+Modules:
+
+- ``db``: open a warehouse: lock, migrations (``migrations/NNN_name.sql``), views
+  (``views/<name>.sql``, macros in ``views/_macros.sql``);
+- ``framework_sql``: the framework facts the views need, rendered from
+  ``matrun.frameworks`` as SQL macros (created by ``db`` before ``views/_macros.sql``);
+- ``bundles/``: the result bundle, both sides: ``layout`` (file names, schema version,
+  statuses, run directories), ``write`` (the host's writers), ``read`` (find and validate);
+- ``ingest``: load bundles into the warehouse in one transaction;
+- ``query``: one read-only SQL statement typed by a user;
+- ``images``: the ``images`` table ``matrun build`` records;
+- ``compare``: ``matrun compare``: two selections of runs matched cell by cell (data, CSV,
+  JSON; its HTML page is ``matrun.reports.compare``);
+- ``advise``: ``matrun advise``: the best configuration against the defaults, in sentences.
+
+May import ``matrun.errors``, ``matrun.frameworks`` and the harness's parameter spec
+(``matrun.runner.harness``); never ``matrun.reports`` or the CLI (they import the warehouse).
 """

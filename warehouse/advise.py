@@ -15,12 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from matrun.frameworks import display_name
 from matrun.warehouse.compare import (
     check_sweep, check_warehouse, fetch, fmt_num, fmt_p, fmt_points, fmt_ratio, reader,
 )
-
-#: How the sentences name each framework (any other is named as in the warehouse).
-FRAMEWORK_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "mxnet": "MXNet"}
 
 # best_vs_default with the evidence cell_stats adds; `fastest`: the group's fastest
 # training cell whatever the default (what there is to say without one); `gaps`: per cell
@@ -153,7 +151,9 @@ def _shown(params: dict[str, Any] | None) -> list[str] | None:
 
 
 def framework_name(framework: str) -> str:
-    return FRAMEWORK_NAMES.get(framework, framework)
+    """How the sentences name a framework: its ``display_name`` (framework.toml); any other
+    is named as in the warehouse."""
+    return display_name(framework)
 
 
 def _n_runs(n: int | None) -> str:

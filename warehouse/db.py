@@ -2,8 +2,10 @@
 
 A writer connection applies pending migrations (``migrations/NNN_name.sql``, once each, in
 a transaction, recorded in ``schema_migrations``) and re-creates the views from
-``views/<name>.sql``.  A read-only connection changes nothing and runs with DuckDB's
-external access off, so SQL typed by a user cannot read or write files.
+``views/<name>.sql`` and the macros they call: the framework facts rendered from
+``images/*/framework.toml`` (``framework_sql``), then ``views/_macros.sql``.  A read-only
+connection changes nothing and runs with DuckDB's external access off, so SQL typed by a
+user cannot read or write files.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from typing import Iterator
 import duckdb
 
 from matrun.errors import WarehouseError, WarehouseLocked
+from matrun.warehouse import framework_sql
 
 #: Marks the views this module owns, so re-creating them never touches a user's own views.
 VIEW_COMMENT_PREFIX = "matrun view: "
-#: Marks the SQL macros of ``views/_macros.sql`` the same way.
+#: Marks the SQL macros of ``views/_macros.sql`` (and the framework macros) the same way.
 MACRO_COMMENT_PREFIX = "matrun macro: "
 MACRO_FILE = "_macros.sql"
 #: A macro whose body is the digest of the macro and view SQL last created, so a writer
@@ -238,14 +241,15 @@ def view_sql() -> dict[str, str]:
 
 
 def macro_sql() -> list[tuple[str, bool, str]]:
-    """``(name, is_table_macro, CREATE OR REPLACE MACRO …)`` for each statement of
+    """``(name, is_table_macro, CREATE OR REPLACE MACRO …)`` for each framework macro
+    (``framework_sql``, rendered from the framework data) and then each statement of
     ``views/_macros.sql``, in file order (a statement ends with a semicolon at a line end)."""
+    macros = [(name, False, sql) for name, sql in framework_sql.framework_macros()]
     entry = resources.files("matrun.warehouse").joinpath("views", MACRO_FILE)
     if not entry.is_file():
-        return []
+        return macros
     text = "\n".join(line for line in entry.read_text(encoding="utf-8").splitlines()
                      if not line.lstrip().startswith("--"))
-    macros = []
     for statement in re.split(r";[ \t]*\n", text + "\n"):
         if not statement.strip():
             continue
@@ -308,14 +312,16 @@ def create_views(con: duckdb.DuckDBPyConnection, path: Path) -> None:
         for name, kind in old_macros:
             con.execute(f'DROP MACRO {"TABLE " if kind == "table_macro" else ""}IF EXISTS "{name}"')
         statements = [*macros, (DIGEST_MACRO, False, f"CREATE OR REPLACE MACRO {DIGEST_MACRO}() AS '{digest}'")]
+        rendered = {name for name, _ in framework_sql.framework_macros()}
         for name, is_table, sql in statements:
+            source = framework_sql.SOURCE if name in rendered else f"views/{MACRO_FILE}"
             try:
                 con.execute(sql)
             except duckdb.Error as exc:
-                raise WarehouseError(f"warehouse {path}: macro {name} (views/{MACRO_FILE}) failed: "
+                raise WarehouseError(f"warehouse {path}: macro {name} ({source}) failed: "
                                      f"{_first_line(exc)}") from None
             con.execute(f"COMMENT ON MACRO {'TABLE ' if is_table else ''}\"{name}\" IS "
-                        f"'{MACRO_COMMENT_PREFIX}views/{MACRO_FILE}'")
+                        f"'{MACRO_COMMENT_PREFIX}{source}'")
         for name in order:
             try:
                 con.execute(f'CREATE OR REPLACE VIEW "{name}" AS\n{views[name]}\n')

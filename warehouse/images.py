@@ -15,7 +15,7 @@ COLUMNS = ("tag", "image_id", "framework", "variant", "content_hash", "recipe_ha
 
 
 def image_row(built: Any, *, now: datetime | None = None) -> dict[str, Any]:
-    """One row of the table from a ``runner.build.BuiltImage``."""
+    """One row of the table from a ``BuiltImage`` of ``matrun build`` (``runner/environments/``)."""
     probe = built.probe
     pins = json.dumps(dict(getattr(built, "pins", {}) or {}), sort_keys=True)
     return {

@@ -1,7 +1,8 @@
 """``matrun compare`` and ``matrun advise``: reading conclusions out of the warehouse.
 
-Registered by ``runner/cli/__init__.py`` (``app.command("compare")(_errors(compare))``); each command
-is a thin wrapper over ``warehouse/compare.py`` and ``warehouse/advise.py`` (docs/CLI.md).
+Thin wrappers over ``warehouse/compare.py`` (the comparison, its CSV and JSON),
+``reports/compare.py`` (its HTML page) and ``warehouse/advise.py``; docs/CLI.md.  The report
+module is imported inside ``compare``, when ``--html`` asks for it: it loads Plotly.
 """
 
 from __future__ import annotations
@@ -11,29 +12,16 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from matrun.errors import InputError
-
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
-
-WarehouseOpt = Annotated[Optional[Path], typer.Option(
-    "--warehouse", help="DuckDB file (default: the one matrix.toml names, else ./matrun.duckdb).")]
+from matrun.runner.cli.common import TableFormatOpt, WarehouseOpt, app, check_format, command, out, resolve_warehouse
+from matrun.warehouse import advise as adv
+from matrun.warehouse import compare as cmp
+from matrun.warehouse.compare import fmt_noisy, fmt_num, fmt_p, fmt_points, fmt_ratio
 
 
-def _warehouse(explicit: Path | None) -> Path:
-    from matrun.runner.cli import _warehouse as resolve  # looked up late: cli.py imports this module
-
-    return resolve(explicit)
-
-
-def _check_format(fmt: str, allowed: tuple[str, ...]) -> None:
-    if fmt not in allowed:
-        raise InputError(f"--format {fmt!r}: expected {', '.join(allowed[:-1])} or {allowed[-1]}")
-
-
+@command(app)
 def compare(
     a: Annotated[str, typer.Argument(help="Runs A, the reference: a sweep (NAME or sweep:NAME) or "
                                           "sql:SELECT run_id FROM run_overview WHERE ….")],
@@ -42,19 +30,19 @@ def compare(
     ignore: Annotated[list[str], typer.Option(
         "--ignore", help="A parameter left out of the match because A and B differ in it on purpose, "
         "e.g. onednn or variant (repeatable).")] = [],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
+    fmt: TableFormatOpt = "table",
     html: Annotated[Optional[Path], typer.Option(
         "--html", help="Also write the comparison as a self-contained HTML page to this file.")] = None,
 ) -> None:
     """Compare two sets of runs (two sweeps, or two SQL selections) cell by matched cell."""
-    from matrun.warehouse import compare as cmp
-
-    _check_format(fmt, ("table", "csv", "json"))
+    check_format(fmt, ("table", "csv", "json"))
     if html is not None and html.is_dir():
         raise InputError(f"--html {html}: is a directory; give a file name")
-    result = cmp.compare(a, b, warehouse=_warehouse(warehouse), ignore=ignore)
+    result = cmp.compare(a, b, warehouse=resolve_warehouse(warehouse), ignore=ignore)
     if html is not None:
-        cmp.write_html(result, html)
+        from matrun.reports.compare import write_html  # Plotly and the report's templates: only for --html
+
+        write_html(result, html)
     if fmt == "csv":
         sys.stdout.write(cmp.to_csv(result))
         typer.echo(result.summary(), err=True)
@@ -68,8 +56,6 @@ def compare(
 
 
 def _compare_tables(result: Any) -> None:
-    from matrun.warehouse.compare import fmt_noisy, fmt_num, fmt_p, fmt_points, fmt_ratio
-
     typer.echo(f"A: {result.a.describe()} ({len(result.a.run_ids)} runs)")
     typer.echo(f"B: {result.b.describe()} ({len(result.b.run_ids)} runs)")
     if result.ignored:
@@ -110,6 +96,7 @@ def _compare_tables(result: Any) -> None:
             out.print(table)
 
 
+@command(app)
 def advise(
     warehouse: WarehouseOpt = None,
     sweep: Annotated[Optional[str], typer.Option(
@@ -117,11 +104,8 @@ def advise(
     fmt: Annotated[str, typer.Option("--format", "-f", help="text, csv or json.")] = "text",
 ) -> None:
     """Per framework and workload: the best configuration found and its gain over the defaults."""
-    from matrun.warehouse import advise as adv
-    from matrun.warehouse.compare import fmt_num, fmt_p, fmt_points, fmt_ratio
-
-    _check_format(fmt, ("text", "csv", "json"))
-    rows = adv.advise(warehouse=_warehouse(warehouse), sweep=sweep)
+    check_format(fmt, ("text", "csv", "json"))
+    rows = adv.advise(warehouse=resolve_warehouse(warehouse), sweep=sweep)
     if fmt == "csv":
         sys.stdout.write(adv.to_csv(rows))
         return

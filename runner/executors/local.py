@@ -17,15 +17,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from matrun.warehouse.bundles.write import EVENTS, MONITOR, SPEC, STDERR, STDOUT, tail_text
-from matrun.runner.environments.venvs import ensure_env, env_spec, stage_harness
-from matrun.runner.executors.protocol import RunOutcome, RunRequest
+from matrun.frameworks import get_framework
+from matrun.runner.environments.home import stage_harness
+from matrun.runner.environments.venvs import ensure_env, env_spec
+from matrun.runner.executors.monitor import Monitor
+from matrun.runner.executors.outcomes import error_tail, refused_outcome, run_status
+from matrun.runner.executors.protocol import RunOutcome, RunRequest, SyncExecutor
 from matrun.runner.executors.workers import host_refusal, write_plan
 from matrun.runner.harness.distributed import MATRUN_ENV
 from matrun.runner.harness.launch import child_setup
-from matrun.runner.executors.monitor import Monitor
-from matrun.frameworks import get_framework
-from matrun.runner.planning.params import cpuset_cpus
+from matrun.runner.harness.cpusets import parse_cpuset as cpuset_cpus
+from matrun.warehouse.bundles.layout import MONITOR, SPEC, STDERR, STDOUT
 
 # Host variables that would change what runs in the cell; the cell gets only what we set.
 _DROP_PREFIXES = ("PYTHON", "VIRTUAL_ENV", "CONDA", "KMP_", "GOMP_", "MKL_", "DNNL_", "ONEDNN_",
@@ -67,8 +69,9 @@ def harness_command(python: Path, run_dir: Path, plan: Path | None = None) -> li
     return command
 
 
-class LocalExecutor:
+class LocalExecutor(SyncExecutor):
     name = "local"
+    enforces = frozenset({"cpuset"})  # the cell's processes are pinned (child_setup); no memory limit
 
     def env_id(self, framework: str, variant: str) -> str:
         return env_spec(framework, variant).env_id
@@ -114,25 +117,16 @@ class LocalExecutor:
             aggregates = monitor.stop()
         wall = time.monotonic() - t0
         # node k > 0 of a multi-node cell has no summary of its own: rank 0 writes the cell's
-        status = _status(exit_code, timed_out, run_dir, out_dir, summary=out_dir == run_dir)
+        status = run_status(exit_code, timed_out, run_dir, out_dir, summary=out_dir == run_dir)
         return RunOutcome(
             status=status,
             exit_code=exit_code,
-            error_tail="" if status == "ok" else _error_tail(out_dir, timed_out, request.timeout, exit_code),
+            error_tail="" if status == "ok" else error_tail(out_dir, timed_out, request.timeout, exit_code),
             started_at=started.isoformat(),
             ended_at=datetime.now(timezone.utc).isoformat(),
             wall_seconds=round(wall, 3),
             monitor=aggregates,
         )
-
-
-def refused_outcome(run_dir: Path, reason: str, started: datetime) -> RunOutcome:
-    """A cell the executor cannot run: failed, nothing started, the reason as its error."""
-    for name in (STDOUT, STDERR):
-        (run_dir / name).touch()
-    now = datetime.now(timezone.utc).isoformat()
-    return RunOutcome(status="failed", exit_code=None, error_tail=f"[matrun] {reason}",
-                      started_at=started.isoformat(), ended_at=now, wall_seconds=0.0)
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> tuple[int | None, bool]:
@@ -153,38 +147,3 @@ def _kill_group(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
-
-
-def _status(exit_code: int | None, timed_out: bool, run_dir: Path, log_dir: Path, *, summary: bool = True) -> str:
-    if timed_out:
-        return "timeout"
-    if exit_code == 0 and (not summary or _has_summary(run_dir / EVENTS)):
-        return "ok"
-    if "MemoryError" in tail_text(log_dir / STDERR, 2048):
-        return "oom"
-    return "failed"
-
-
-def _has_summary(events: Path) -> bool:
-    try:
-        with open(events, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 65536))
-            data = fh.read()
-        return b'"type": "summary"' in data or b'"type":"summary"' in data
-    except FileNotFoundError:
-        return False
-
-
-def _error_tail(run_dir: Path, timed_out: bool, timeout: float, exit_code: int | None) -> str:
-    tail = tail_text(run_dir / STDERR)
-    if timed_out:
-        note = f"killed after the cell's timeout of {timeout:g} s"
-    elif exit_code is not None and exit_code < 0:
-        name = signal.Signals(-exit_code).name if -exit_code in signal.valid_signals() else str(-exit_code)
-        note = f"killed by {name}" + (" (possibly the kernel's OOM killer)" if exit_code == -signal.SIGKILL else "")
-    elif exit_code == 0:
-        note = "the harness exited 0 without writing a summary"
-    else:
-        note = f"exit code {exit_code}"
-    return f"{tail}\n[matrun] {note}".lstrip("\n")

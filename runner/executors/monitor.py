@@ -5,7 +5,8 @@ timing never includes it.  It is built to be cheap (the benchmark in
 benchmarks/monitor_cost.py measures it): known processes are sampled every tick from
 /proc through psutil; the process tree is rescanned for new children only once a second.
 Samples are appended to ``monitor.jsonl`` as they come (flushed each second), so a crash
-of the host still leaves what was seen.
+of the host still leaves what was seen.  ``Totals`` (the running sums behind the aggregates in
+result.json) and ``iowait_percent`` are shared with the cgroup monitor (``monitor_cgroup.py``).
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from typing import Any, TextIO
 
 import psutil
 
-from matrun.warehouse.bundles.write import SCHEMA_VERSION
+from matrun.warehouse.bundles.layout import SCHEMA_VERSION
 
 DEFAULT_INTERVAL_S = 0.2
 RESCAN_EVERY_S = 1.0
 
 
 @dataclass
-class _Totals:
+class Totals:
+    """Running sums of a monitor's samples (this process monitor's and the cgroup monitor's)."""
+
     samples: int = 0
     cpu_user: float = 0.0
     cpu_system: float = 0.0
@@ -60,7 +63,7 @@ class Monitor:
     interval_s: float = DEFAULT_INTERVAL_S
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _thread: threading.Thread | None = field(default=None, init=False)
-    _totals: _Totals = field(default_factory=_Totals, init=False)
+    _totals: Totals = field(default_factory=Totals, init=False)
     _procs: dict[int, psutil.Process] = field(default_factory=dict, init=False)
     _last_cpu: dict[int, tuple[float, float]] = field(default_factory=dict, init=False)
 
@@ -107,7 +110,7 @@ class Monitor:
             if not alive:
                 break
             host = psutil.cpu_times()
-            iowait = _iowait_percent(last_cpu_host, host)
+            iowait = iowait_percent(last_cpu_host, host)
             last_cpu_host = host
             self._record(out, now - start, user, system, iowait, rss, alive)
             if now - last_flush >= 1.0:
@@ -168,7 +171,8 @@ class Monitor:
         tot.rss_peak = max(tot.rss_peak, rss)
 
 
-def _iowait_percent(before: Any, after: Any) -> float:
+def iowait_percent(before: Any, after: Any) -> float:
+    """The host's iowait between two ``psutil.cpu_times()``, in percent of all CPU time."""
     total = sum(after) - sum(before)
     if total <= 0:
         return 0.0

@@ -34,8 +34,8 @@ from typing import Any, TextIO
 
 import psutil
 
-from matrun.warehouse.bundles.write import SCHEMA_VERSION
-from matrun.runner.executors.monitor import DEFAULT_INTERVAL_S, _iowait_percent, _Totals
+from matrun.warehouse.bundles.layout import SCHEMA_VERSION
+from matrun.runner.executors.monitor import DEFAULT_INTERVAL_S, Totals, iowait_percent
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 FIND_TIMEOUT_S = 2.0  # the cgroup appears as the container starts; wait this long for it
@@ -155,7 +155,7 @@ class CgroupMonitor:
     root: Path = CGROUP_ROOT
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _thread: threading.Thread | None = field(default=None, init=False)
-    _totals: _Totals = field(default_factory=_Totals, init=False)
+    _totals: Totals = field(default_factory=Totals, init=False)
     _usage_peak: int = field(default=0, init=False)
     _cgroup_peak: int | None = field(default=None, init=False)
     cgroup: CgroupPaths | None = field(default=None, init=False)
@@ -221,7 +221,7 @@ class CgroupMonitor:
             system = max(0.0, cpu[1] - last_cpu[1]) * scale
             last_cpu, last_t = cpu, now
             host = psutil.cpu_times()
-            iowait = _iowait_percent(last_host, host)
+            iowait = iowait_percent(last_host, host)
             last_host = host
             working, usage, peak = memory
             self._usage_peak = max(self._usage_peak, usage)

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from matrun.errors import InputError
-from matrun.runner.executors.protocol import Executor, RunOutcome, RunRequest
+from matrun.runner.environments.engine import engine_url, find_engine
 from matrun.runner.executors.docker import DockerExecutor
 from matrun.runner.executors.local import LocalExecutor
+from matrun.runner.executors.protocol import Executor
 from matrun.runner.slurm.executor import SlurmExecutor
+from matrun.runner.slurm.settings import SlurmSettings
 
-if TYPE_CHECKING:
-    from matrun.runner.slurm.cluster import SlurmSettings
-
-EXECUTORS: dict[str, type] = {"local": LocalExecutor, "docker": DockerExecutor, "slurm": SlurmExecutor}
-
-__all__ = ["Executor", "RunOutcome", "RunRequest", "get_executor", "EXECUTORS"]
+EXECUTORS: dict[str, type[Executor]] = {"local": LocalExecutor, "docker": DockerExecutor, "slurm": SlurmExecutor}
 
 
 def get_executor(name: str, *, docker_host: str | None = None,
-                 slurm: "SlurmSettings | None" = None) -> tuple[Executor, str]:
+                 slurm: SlurmSettings | None = None) -> tuple[Executor, str]:
     """The executor for ``name`` and a sentence saying what was picked and why.
 
     ``auto`` picks docker when a local Docker engine answers (``DOCKER_HOST`` or the default
@@ -27,8 +22,6 @@ def get_executor(name: str, *, docker_host: str | None = None,
     to a cluster is asked for by name).  ``slurm``: the settings of the slurm executor.
     """
     if name == "auto":
-        from matrun.runner.environments.engine import engine_url, find_engine
-
         try:
             url = engine_url(docker_host)
             client = find_engine(docker_host)

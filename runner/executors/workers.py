@@ -1,6 +1,6 @@
 """Multi-worker cells on one host: the launch plan every executor hands the in-cell launcher.
 
-A cell with ``workers`` > 1 (or an MXNet ``dist_*`` kvstore) runs as several processes of the
+A cell with ``workers`` > 1 (or a ``dist_*`` kvstore) runs as several processes of the
 same environment: the executor starts the harness as a *launcher*
 (``python -m matrun.runner.harness --spec … --out RUN --launch RUN/workers.json``) — a
 subprocess under the local executor, the command of the cell's ONE container under the docker
@@ -10,8 +10,11 @@ starts the processes this plan lists (``runner/harness/launch.py``).
 ``worker_plan`` is pure: given the ports, it says exactly which process gets which role, rank,
 CPUs and environment variables (tests/test_workers.py checks them one by one).  The split
 rules (CPUs, threads, batches) are the harness's own (``runner/harness/distributed.py``), so the
-host and the workers cannot disagree.  Every address is 127.0.0.1; ``pick_ports`` finds free
-loopback ports.  docs/HARNESS.md "Multi-worker cells" and docs/EXECUTORS.md.
+host and the workers cannot disagree.  How a framework's processes find each other (their
+ports, their variables, parameter servers) is data: ``[workers]`` of its framework.toml
+(``matrun.frameworks.Workers``, docs/FRAMEWORKS.md).  Every address is 127.0.0.1;
+``pick_ports`` finds free loopback ports.  docs/HARNESS.md "Multi-worker cells" and
+docs/EXECUTORS.md.
 """
 
 from __future__ import annotations
@@ -22,31 +25,32 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from matrun.frameworks import get_framework
+from matrun.frameworks import Workers, get_framework
 from matrun.runner.harness import distributed as dist
 from matrun.runner.harness.distributed import (  # noqa: F401  (re-exported for the executors)
     LOOPBACK, PLAN_FILE, WORKERS_DIR, multi_process, split_cpus, thread_share, world_size,
 )
-from matrun.runner.planning.params import cpuset_cpus
+from matrun.runner.harness.cpusets import parse_cpuset as cpuset_cpus
 
 PLAN_SCHEMA = 1
-MXNET_SERVERS = 1  # parameter-server processes of an MXNet dist kvstore cell (one host)
-# Frameworks whose servers listen on every interface: on the local executor their workers must
-# run in a private network namespace (the launcher makes one), else the cell fails.
-BINDS_EVERY_INTERFACE = {"tensorflow": "TensorFlow's gRPC servers listen on 0.0.0.0"}
+
+
+def _rendezvous(params: Mapping[str, Any]) -> Workers | None:
+    """The framework's ``[workers]`` description when the cell's processes use it: a
+    multi-process cell, and for a framework with parameter servers a ``dist_*`` kvstore."""
+    if not multi_process(params):
+        return None
+    workers = get_framework(params["framework"]).workers
+    if workers.parameter_servers and not dist.dist_kvstore(params):
+        return None
+    return workers
 
 
 def ports_needed(params: Mapping[str, Any]) -> int:
-    """Loopback ports the cell's processes listen on: torch one (the TCP store), TensorFlow one
-    per worker (TF_CONFIG), MXNet dist one for the scheduler and one per server and worker."""
-    if not multi_process(params):
-        return 0
-    framework, local = params["framework"], int(params.get("workers") or 1)
-    if framework == "tensorflow":
-        return local
-    if framework == "mxnet":
-        return 1 + MXNET_SERVERS + local if dist.dist_kvstore(params) else 0
-    return 1
+    """Ports each host of the cell listens on, as ``[workers] ports`` lists them: e.g. one for
+    a rendezvous store, one per worker, or a scheduler's, one per server and one per worker."""
+    workers = _rendezvous(params)
+    return workers.ports_needed(int(params.get("workers") or 1)) if workers else 0
 
 
 def pick_ports(count: int) -> list[int]:
@@ -71,12 +75,12 @@ def worker_plan(params: Mapping[str, Any], *, run_dir: Path, ports: list[int], n
     """The launcher's plan for one host (``node_rank``) of the cell (pure).
 
     ``network``: ``"private"`` (local executor: the launcher makes a network namespace with
-    only loopback, required for frameworks in ``BINDS_EVERY_INTERFACE``) or ``"inherit"``
+    only loopback, required for a framework whose servers bind every interface) or ``"inherit"``
     (docker: the container has no network already; a node of a multi-node cell: the host's).
     One host: ``ports`` are this host's and every address is ``master_addr`` (127.0.0.1).
     A multi-node cell: ``peers`` is every node's ``{"addr", "iface", "ports"}`` in node order
-    (``exchange_peers``); node 0 holds the rendezvous (torch's store, MXNet's scheduler and
-    server), each node's workers listen on its own ports and address.
+    (``exchange_peers``); node 0 holds the rendezvous (a store, or a scheduler and the
+    parameter servers), each node's workers listen on its own ports and address.
     """
     if peers is None:
         peers = [{"addr": master_addr, "iface": "lo", "ports": list(ports)}]
@@ -86,7 +90,7 @@ def worker_plan(params: Mapping[str, Any], *, run_dir: Path, ports: list[int], n
     for peer in peers:
         if len(peer["ports"]) < ports_needed(params):
             raise ValueError(f"the cell needs {ports_needed(params)} ports per node, got {len(peer['ports'])}")
-    me, head = peers[node_rank], peers[0]
+    me = peers[node_rank]
     framework = params["framework"]
     fw = get_framework(framework)
     local = int(params.get("workers") or 1)
@@ -94,18 +98,16 @@ def worker_plan(params: Mapping[str, Any], *, run_dir: Path, ports: list[int], n
     run_dir = Path(run_dir).absolute()
     shares = split_cpus(sorted(cpuset_cpus(params.get("cpuset") or "")), local)
     processes: list[dict[str, Any]] = []
-    ps_env: dict[str, str] = {}
-    if dist.dist_kvstore(params):
-        ps_env = {"DMLC_PS_ROOT_URI": head["addr"], "DMLC_PS_ROOT_PORT": str(head["ports"][0]),
-                  "DMLC_NUM_SERVER": str(MXNET_SERVERS), "DMLC_NUM_WORKER": str(world),
-                  "DMLC_NODE_HOST": me["addr"], "DMLC_INTERFACE": me["iface"]}
-        if node_rank == 0:  # the scheduler and the servers run on node 0 only
-            processes.append(_ps_process("scheduler", 0, run_dir, {**ps_env, "DMLC_ROLE": "scheduler"}))
-            for i, port in enumerate(me["ports"][1:1 + MXNET_SERVERS]):
-                processes.append(_ps_process("server", i, run_dir, {**ps_env, "DMLC_ROLE": "server",
-                                                                       "PORT": str(port),
-                                                                       # a server only sums and updates
-                                                                       "OMP_NUM_THREADS": "1"}))
+    rdv = _rendezvous(params)
+    values = _host_values(rdv, peers, node_rank, local, world) if rdv else {}
+    if rdv and rdv.parameter_servers and node_rank == 0:  # the scheduler and the servers: node 0 only
+        port = rdv.port(me["ports"], "rendezvous", 0, local)
+        processes.append(_ps_process("scheduler", 0, run_dir, rdv.environment(
+            "scheduler", {**values, "rank": 0, "local_rank": 0, "port": port})))
+        for i in range(rdv.parameter_servers):
+            port = rdv.port(me["ports"], "servers", i, local)
+            processes.append(_ps_process("server", i, run_dir, rdv.environment(
+                "server", {**values, "rank": i, "local_rank": i, "port": port})))
     for local_rank in range(local):
         rank = node_rank * local + local_rank
         env = {
@@ -120,8 +122,10 @@ def worker_plan(params: Mapping[str, Any], *, run_dir: Path, ports: list[int], n
             env.update({v: str(wp["interop_threads"]) for v in fw.interop_vars})
         if params["device"] == "gpu":  # one GPU per worker: its own is cuda:0 inside
             env["CUDA_VISIBLE_DEVICES"] = str(local_rank)
-        env.update(_framework_env(params, rank=rank, local_rank=local_rank, world=world, peers=peers,
-                                  me=me, ps_env=ps_env))
+        if rdv:
+            port = rdv.port(me["ports"], "workers", local_rank, local)
+            env.update(rdv.environment("worker", {**values, "rank": rank, "local_rank": local_rank,
+                                                  "port": port}))
         processes.append({
             "role": "worker", "rank": rank, "local_rank": local_rank,
             "cpus": shares[local_rank],
@@ -130,35 +134,31 @@ def worker_plan(params: Mapping[str, Any], *, run_dir: Path, ports: list[int], n
         })
     plan = {"schema_version": PLAN_SCHEMA, "framework": framework, "world_size": world, "workers": local,
             "node_rank": node_rank, "network": network, "processes": processes}
-    if network == "private" and framework in BINDS_EVERY_INTERFACE:
+    if network == "private" and fw.workers.binds_every_interface:
         plan["network"] = "private-required"
-        plan["network_reason"] = BINDS_EVERY_INTERFACE[framework]
+        plan["network_reason"] = fw.workers.binds_every_interface
     return plan
+
+
+def _host_values(workers: Workers, peers: Sequence[Mapping[str, Any]], node_rank: int, local: int,
+                 world: int) -> dict[str, Any]:
+    """What the ``[workers.env]`` templates of one host's processes may name
+    (``matrun.frameworks.PLACEHOLDERS``), but for the process's own rank and port."""
+    me, head = peers[node_rank], peers[0]
+    values: dict[str, Any] = {
+        "world": world, "local_world": local, "node_rank": node_rank, "addr": me["addr"],
+        "iface": me["iface"], "rendezvous_addr": head["addr"], "servers": workers.parameter_servers,
+        "rendezvous_port": workers.port(head["ports"], "rendezvous", 0, local),
+    }
+    if "workers" in workers.ports:
+        values["worker_addresses"] = [f"{peer['addr']}:{workers.port(peer['ports'], 'workers', i, local)}"
+                                      for peer in peers for i in range(local)]
+    return values
 
 
 def _ps_process(role: str, index: int, run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
     return {"role": role, "rank": index, "local_rank": index, "cpus": [],
             "out": str(run_dir / WORKERS_DIR / f"{role}-{index}"), "env": env}
-
-
-def _framework_env(params: Mapping[str, Any], *, rank: int, local_rank: int, world: int,
-                   peers: Sequence[Mapping[str, Any]], me: Mapping[str, Any],
-                   ps_env: Mapping[str, str]) -> dict[str, str]:
-    framework = params["framework"]
-    local = int(params.get("workers") or 1)
-    if framework == "torch":
-        return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
-                "LOCAL_WORLD_SIZE": str(local), "MASTER_ADDR": peers[0]["addr"],
-                "MASTER_PORT": str(peers[0]["ports"][0]),
-                # gloo / NCCL bind their pairs to this interface's address (loopback on one host)
-                "GLOO_SOCKET_IFNAME": me["iface"], "NCCL_SOCKET_IFNAME": me["iface"]}
-    if framework == "tensorflow":
-        cluster = {"worker": [f"{peer['addr']}:{port}" for peer in peers for port in peer["ports"][:local]]}
-        return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}},
-                                        separators=(",", ":"))}
-    if framework == "mxnet" and ps_env:
-        return {**ps_env, "DMLC_ROLE": "worker", "PORT": str(me["ports"][1 + MXNET_SERVERS + local_rank])}
-    return {}
 
 
 def write_plan(run_dir: Path, params: Mapping[str, Any], *, network: str) -> Path | None:

@@ -18,7 +18,9 @@ import time
 import traceback
 from pathlib import Path
 
-from . import SpecError, run_cell
+from .cell import run_cell
+from .errors import SpecError
+from .launch import LaunchError, run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,8 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.launch is not None:
-        from .launch import LaunchError, run
-
         try:
             return run(args.launch, args.spec)
         except LaunchError as exc:

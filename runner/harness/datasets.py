@@ -28,10 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import DataError
+from .errors import DataError
 
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic")
-IDX_DATASETS = {"fashion-mnist": 10, "mnist": 10, "cifar10": 10}  # name -> classes
+# The real datasets, read from IDX files: name -> classes, and name -> (C, H, W) of an image.
+# The one list of dataset names: the host's ``dataset`` choices (``spec.py``) and ``matrun data
+# import`` (``runner/datasets/staging.py``) derive theirs from these.
+IDX_DATASETS = {"fashion-mnist": 10, "mnist": 10, "cifar10": 10}
+IDX_SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+SYNTHETIC = "synthetic"  # generated from the seed (``synthetic_*`` parameters), never read
+DATASETS = (*IDX_DATASETS, SYNTHETIC)
 IDX_PREFIXES = {"train": "train", "test": "t10k"}
 IDX_IMAGES_MAGIC = 0x00000803  # unsigned bytes, 3 dimensions: count × H × W
 IDX_IMAGES4_MAGIC = 0x00000804  # unsigned bytes, 4 dimensions: count × C × H × W
@@ -77,7 +82,7 @@ class Dataset:
 def load(params: dict[str, Any], data_dir: Path) -> Dataset:
     """The dataset a cell's ``params`` ask for, with ``train_limit`` / ``test_limit`` applied."""
     name = params["dataset"]
-    if name == "synthetic":
+    if name == SYNTHETIC:
         c, h, w = params["synthetic_shape"]
         ds = synthetic((c, h, w), classes=params["synthetic_classes"], train=params["synthetic_train"],
                        test=params["synthetic_test"], seed=params["seed"])
@@ -103,7 +108,8 @@ def labels_stem(split: str) -> str:
 
 def expected_images_stem(name: str) -> str:
     """The training images file a dataset is expected to have (colour datasets are 4-D)."""
-    return images_stem("train", 4 if name == "cifar10" else 3)
+    channels = IDX_SHAPES.get(name, (1, 0, 0))[0]
+    return images_stem("train", 3 if channels == 1 else 4)
 
 
 def missing_hint(name: str, root: Path) -> str:
@@ -293,6 +299,6 @@ def synthetic(shape: tuple[int, int, int], *, classes: int, train: int, test: in
     """A learnable dataset generated from ``seed`` alone (same seed, same bytes)."""
     rng = random.Random(f"matrun-synthetic/{seed}/patterns")
     blocks = [_blocks(rng, shape) for _ in range(classes)]
-    return Dataset("synthetic", shape, classes,
+    return Dataset(SYNTHETIC, shape, classes,
                    _synthetic_split(seed, "train", blocks, shape, train),
                    _synthetic_split(seed, "test", blocks, shape, test))

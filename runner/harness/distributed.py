@@ -28,12 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .probe import format_cpuset, parse_cpuset
+from .cpusets import format_cpuset, parse_cpuset
+from .spec import KVSTORE_FRAMEWORKS, UNSET
 
-UNSET = "unset"
-SCALINGS = ("weak", "strong")
-KVSTORES = ("device", "dist_sync", "dist_async")
-DIST_KVSTORES = ("dist_sync", "dist_async")
+DIST_KVSTORES = ("dist_sync", "dist_async")  # the kvstores with a parameter server
 LOOPBACK = "127.0.0.1"
 
 PLAN_FILE = "workers.json"      # the launcher's plan, written by the host into the run directory
@@ -66,7 +64,7 @@ def world_size(params: Mapping[str, Any]) -> int:
 
 def dist_kvstore(params: Mapping[str, Any]) -> bool:
     """An MXNet cell with a parameter server (scheduler and server processes of its own)."""
-    return params.get("framework") == "mxnet" and params.get("kvstore") in DIST_KVSTORES
+    return params.get("framework") in KVSTORE_FRAMEWORKS and params.get("kvstore") in DIST_KVSTORES
 
 
 def multi_process(params: Mapping[str, Any]) -> bool:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import HarnessError
+from .errors import HarnessError
 from .events import EventLog
 from .models import MODELS, walk
 

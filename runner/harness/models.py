@@ -93,6 +93,12 @@ MODELS: dict[str, list[Layer]] = {
 LAYERWISE = ("lenet5", "alexnet")
 
 
+def sequential_models() -> tuple[str, ...]:
+    """Models without residual blocks: the ones whose layers can be timed one by one
+    (``layer_profile``)."""
+    return tuple(name for name, layers in MODELS.items() if all(layer[0] != "block" for layer in layers))
+
+
 def block_layers(name: str, kind: str, in_ch: int, width: int, stride: int) -> tuple[list[Layer], list[Layer]]:
     """(main path, shortcut path) of a ResNet block; the shortcut is empty for identity."""
     if kind == "basic":

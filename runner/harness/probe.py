@@ -18,37 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .cpusets import format_cpuset, parse_cpuset
+from .distributed import single_process_env
+
 # Basename prefixes of the math and threading libraries worth reporting.
 LIBRARY_PREFIXES = ("libmkl", "libiomp", "libgomp", "libomp", "libopenblas", "libblis",
                     "libblas", "libdnnl", "libmkldnn")
-
-
-def parse_cpuset(text: str) -> set[int]:
-    """CPU ids of a cpuset string such as ``"0-1,3"`` (``""``: the empty set); ValueError if malformed."""
-    cpus: set[int] = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        lo, dash, hi = part.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
-            raise ValueError(f'expected a CPU list such as "0-1,3" or "", got "{text}"')
-        first, last = int(lo), int(hi) if dash else int(lo)
-        if last < first:
-            raise ValueError(f'CPU range "{part}" runs backwards')
-        cpus.update(range(first, last + 1))
-    return cpus
-
-
-def format_cpuset(cpus: set[int] | list[int]) -> str:
-    """The shortest cpuset string for ``cpus`` (``[0, 1, 3]`` -> ``"0-1,3"``)."""
-    ordered = sorted(set(cpus))
-    runs: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        runs.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(runs)
 
 
 def affinity() -> list[int]:
@@ -541,8 +516,6 @@ def onednn_check(spec: dict[str, Any], *, timeout: float = ONEDNN_PROBE_TIMEOUT)
         with tempfile.TemporaryDirectory(prefix="matrun-onednn-") as tmp:
             spec_path = Path(tmp) / "spec.json"
             spec_path.write_text(json.dumps({**spec, "params": probe_params(spec["params"])}), encoding="utf-8")
-            from .distributed import single_process_env
-
             env = {**single_process_env(os.environ), **{var: "1" for var in VERBOSE_VARIABLES}}
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_MATRUN_ROOT), env.get("PYTHONPATH", "")]))
             proc = subprocess.run([sys.executable, "-m", "matrun.runner.harness", "--spec", str(spec_path),

@@ -18,16 +18,15 @@ from typing import Any, Iterator, Mapping
 
 from matrun.errors import MatrixError
 from matrun.frameworks import get_framework
-from matrun.runner.harness.models import MODELS as MODEL_ZOO
-from matrun.runner.planning.params import PARAMS, ParamError, show
+from matrun.runner.harness.spec import layer_profile_problem, unused_keys
+from matrun.runner.planning.params import PARAMS, ParamError, plain, show
 from matrun.runner.planning.presets import apply_preset
-from matrun.runner.slurm.cluster import SlurmSettings, parse_slurm_section
+from matrun.runner.slurm.settings import SlurmSettings, parse_slurm_section
 
 SECTIONS = ("sweep", "fixed", "axes", "zip", "include", "exclude", "slurm")
 EXECUTORS = ("auto", "local", "docker", "slurm")
 DEFAULT_MAX_CELLS = 10_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-SEQUENTIAL = tuple(name for name, layers in MODEL_ZOO.items() if all(layer[0] != "block" for layer in layers))
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class CellParams:
     @property
     def label(self) -> str:
         keys = self.varying or ("framework", "model", "dataset")
-        return " ".join(f"{k}={_plain(self.values[k])}" for k in keys)
+        return " ".join(f"{k}={plain(self.values[k])}" for k in keys)
 
 
 @dataclass(frozen=True)
@@ -156,33 +155,23 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:
             resolved.append(values)
     errors.raise_if_any()
 
-    varying = tuple(k for k in PARAMS if len({_plain(r[k]) for r in resolved}) > 1)
+    varying = tuple(k for k in PARAMS if len({plain(r[k]) for r in resolved}) > 1)
     cells = tuple(CellParams(MappingProxyType(r), varying) for r in resolved)
     return Matrix(path=path, sweep=sweep, cells=cells, slurm=slurm)
 
 
 def canonical(values: dict[str, Any]) -> dict[str, Any]:
-    """Drop what a cell does not use (so identity ignores meaningless differences) and refuse
-    what cannot run as asked."""
+    """Null what a cell does not use (``unused_keys``, so identity ignores meaningless
+    differences) and refuse what cannot run as asked."""
     out = dict(values)
-    if out["iterations"] > 0:
-        out["epochs"] = None
-    if out["mode"] == "inference":
-        for key in ("optimizer", "lr", "momentum", "weight_decay", "epochs"):
-            out[key] = None
-    elif out["optimizer"] != "sgd":
-        out["momentum"] = None
-    if out["dataset"] != "synthetic":
-        for key in ("synthetic_shape", "synthetic_classes", "synthetic_train", "synthetic_test"):
-            out[key] = None
-    if out["device"] == "cpu":
-        out["gpus"] = None
-        if out["conv_algo"] == "autotune":
-            raise ParamError("conv_algo = \"autotune\" needs device = \"gpu\" (it selects cuDNN convolution algorithms)")
-    _canonical_workers(out)
-    if out["layer_profile"] and out["model"] not in SEQUENTIAL:
-        raise ParamError(f"layer_profile needs a sequential network ({', '.join(SEQUENTIAL)}), "
-                         f"not {out['model']}")
+    unused = unused_keys(out)
+    if out["device"] == "cpu" and out["conv_algo"] == "autotune":
+        raise ParamError("conv_algo = \"autotune\" needs device = \"gpu\" (it selects cuDNN convolution algorithms)")
+    _canonical_workers(out, unused)  # reads kvstore as written: before the nulls
+    out.update(dict.fromkeys(unused))
+    problem = layer_profile_problem(out)
+    if problem:
+        raise ParamError(f"layer_profile {problem}")
     fw = get_framework(out["framework"])
     if out["variant"] not in fw.variants:
         raise ParamError(f"{out['framework']} has no variant \"{out['variant']}\"; known: "
@@ -198,17 +187,17 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _canonical_workers(out: dict[str, Any]) -> None:
-    """``workers``, ``nodes``, ``scaling``, ``kvstore``: refuse what cannot run, null what is unused.
+def _canonical_workers(out: dict[str, Any], unused: set[str]) -> None:
+    """``workers``, ``nodes``, ``scaling``, ``kvstore``: refuse what cannot run; set ``gpus``
+    of a multi-GPU cell.  ``unused``: the cell's unused keys (``kvstore`` is refused there).
 
     ``scaling`` is kept as written even for one worker (where it changes nothing), so that the
     1-worker cell of a scaling study pairs with its N-worker cells in the views."""
     world = out["workers"] * out["nodes"]
-    if out["framework"] != "mxnet":
+    if "kvstore" in unused:
         if out["kvstore"] != "device":
             raise ParamError(f"kvstore is MXNet's parameter-server choice; {out['framework']} exchanges "
                              "gradients synchronously (all-reduce): leave kvstore out")
-        out["kvstore"] = None
     elif world > 1 and out["kvstore"] == "device":
         raise ParamError(f"an MXNet cell with {world} workers needs kvstore = \"dist_sync\" or "
                          "\"dist_async\" (a parameter server); \"device\" is one process")
@@ -392,10 +381,6 @@ def _matches(combo: dict[str, Any], rule: dict[str, Any], fixed: dict[str, Any])
 
 def _describe(combo: dict[str, Any]) -> str:
     return "{" + ", ".join(f"{k} = {show(v)}" for k, v in combo.items()) + "}"
-
-
-def _plain(value: Any) -> str:
-    return str(value) if not isinstance(value, list) else "x".join(map(str, value))
 
 
 def iter_runs(cells: tuple[CellParams, ...], repeats: int) -> Iterator[tuple[CellParams, int]]:

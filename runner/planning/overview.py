@@ -6,8 +6,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from matrun.runner.executors.registry import get_executor
+from matrun.runner.planning.history import done_runs, durations
+from matrun.runner.planning.identity import plan_cells
 from matrun.runner.planning.matrix import load_matrix
-from matrun.runner.planning.identity import _as_text, done_runs, durations, parse_where, plan_cells, select
+from matrun.runner.planning.params import as_text
+from matrun.runner.planning.selection import parse_where, select
 
 
 def plan_rows(*, matrix_path: Path, where: Sequence[str] = ()) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -31,7 +34,7 @@ def plan_rows(*, matrix_path: Path, where: Sequence[str] = ()) -> tuple[list[dic
             have_estimate = True
         rows.append({"cell_id": pc.cell_id, "env_id": pc.env_id, "done": n_done,
                      "estimate_s": known.get(pc.cell_id),
-                     **{k: _as_text(pc.cell.values[k]) for k in varying}})
+                     **{k: as_text(pc.cell.values[k]) for k in varying}})
     footer = {"cells": len(cells), "repeats": repeats, "runs": len(cells) * repeats,
               "done": len(cells) * repeats - todo, "todo": todo, "varying": varying,
               "estimate_s": estimate if have_estimate and todo else None}

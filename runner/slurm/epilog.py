@@ -25,6 +25,8 @@ import os
 import sys
 from collections.abc import Mapping
 
+from matrun.runner.environments.engine import EngineUnavailable, connect
+
 JOB_LABEL = "matrun.slurm_job"
 CLUSTER_LABEL = "matrun.slurm_cluster"
 SYSTEM_SOCKET = "unix:///var/run/docker.sock"
@@ -49,8 +51,6 @@ def remove_job_containers(job_id: str, urls: list[str], *, cluster: str = "", lo
     """Remove every container labelled with Slurm job ``job_id`` (of ``cluster``, when both it and
     the container name one) on the engines at ``urls``; return how many were removed.  Engines
     that do not answer are skipped."""
-    from matrun.runner.environments.engine import EngineUnavailable, connect
-
     removed = 0
     for url in urls:
         try:

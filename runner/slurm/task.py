@@ -30,11 +30,23 @@ import os
 import signal
 import sys
 import time
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-TASK_RECORD = "slurm.json"
+from matrun.runner.environments.engine import connect
+from matrun.runner.executors.docker import DockerExecutor
+from matrun.runner.executors.local import LocalExecutor
+from matrun.runner.executors.protocol import RunOutcome, RunRequest
+from matrun.runner.executors.workers import NODES_DIR, exchange_peers, write_node_plan
+from matrun.runner.slurm.executor import task_params
+from matrun.runner.slurm.jobs import TASK_RECORD
+from matrun.runner.slurm.state import node_address
+from matrun.runner.sweep.records import host_info, write_result
+from matrun.warehouse.bundles.layout import SPEC, STDERR, STDOUT, RunKey
+from matrun.warehouse.bundles.write import write_json_atomic
+
 NODE_RECORD = "node.json"  # nodes/node-<k>/node.json: how node k > 0's part of a multi-node cell ended
 RENDEZVOUS_TIMEOUT_S = 300.0  # at most this long for every node of a multi-node cell to arrive
 
@@ -67,8 +79,6 @@ def _main(args: list[str]) -> int:
         print("usage: SLURM_ARRAY_TASK_ID=N python -m matrun.runner.slurm.task TASKS_JSON "
               "(started by matrun's Slurm batch script)", file=sys.stderr)
         return 2
-    from matrun.warehouse.bundles.write import SPEC, RunKey, write_json_atomic
-
     index = int(os.environ["SLURM_ARRAY_TASK_ID"])
     tasks = json.loads(Path(args[0]).read_text())
     entry = tasks["tasks"][index]
@@ -78,9 +88,6 @@ def _main(args: list[str]) -> int:
     if (key.cell_id, key.repeat, key.attempt) != (entry["cell_id"], int(entry["repeat"]), int(entry["attempt"])):
         print(f"{run_dir}: spec.json does not match tasks.json entry {index}", file=sys.stderr)
         return 2
-
-    from matrun.runner.executors.workers import NODES_DIR
-    from matrun.runner.sweep import host_info
 
     runtime = str(tasks.get("runtime") or "docker")
     nodes = int(spec["params"].get("nodes") or 1)
@@ -109,16 +116,10 @@ def _main(args: list[str]) -> int:
         return 128 + stop.signum
 
 
-def _run(run_dir: Path, spec: dict[str, Any], key: Any, host: dict[str, Any], *, runtime: str = "docker",
+def _run(run_dir: Path, spec: dict[str, Any], key: RunKey, host: dict[str, Any], *, runtime: str = "docker",
          node_rank: int = 0, node_dir: Path | None = None) -> int:
     """Run the cell (or, for node k > 0 of a multi-node cell, this node's workers of it) with
     the runtime's executor.  Node 0 writes the run's ``result.json``; node k > 0 its ``node.json``."""
-    from dataclasses import asdict
-
-    from matrun.runner.executors.protocol import RunOutcome, RunRequest
-    from matrun.runner.slurm.executor import task_params
-    from matrun.runner.sweep import write_result
-
     node_dir = node_dir or run_dir
     params = task_params(spec["params"], os.environ)
     timeout = float(spec["params"]["timeout"])
@@ -130,12 +131,8 @@ def _run(run_dir: Path, spec: dict[str, Any], key: Any, host: dict[str, Any], *,
                              data_dir=Path(spec["data_dir"]), plan=plan,
                              log_dir=node_dir if node_rank > 0 else None)
         if runtime == "local":
-            from matrun.runner.executors.local import LocalExecutor
-
             outcome = LocalExecutor().run(request)
         else:
-            from matrun.runner.executors.docker import DockerExecutor
-
             # labelled with this task's job id: if Slurm SIGKILLs the task, its epilog
             # (runner/slurm/epilog.py) removes the container the task could not
             outcome = DockerExecutor(slurm_job=os.environ.get("SLURM_JOB_ID", ""),
@@ -146,13 +143,13 @@ def _run(run_dir: Path, spec: dict[str, Any], key: Any, host: dict[str, Any], *,
                                         f"{host.get('hostname')}: {exc}",
                              started_at=started, ended_at=datetime.now(timezone.utc).isoformat(),
                              wall_seconds=round(time.monotonic() - t0, 3))
-        for name in ("stdout.log", "stderr.log"):
+        for name in (STDOUT, STDERR):
             (node_dir / name).touch()
     if node_rank > 0:
-        from matrun.warehouse.bundles.write import write_json_atomic
-
+        record = asdict(outcome)
+        del record["image"]  # a node k > 0 runs the local runtime: no image (and node.json never had one)
         write_json_atomic(node_dir / NODE_RECORD, {"schema_version": 1, "node_rank": node_rank, "host": host,
-                                                   **asdict(outcome)})
+                                                   **record})
     else:
         write_result(key, run_dir, spec["env_id"], "slurm", host, outcome)
     return 0 if outcome.status == "ok" else 1
@@ -162,9 +159,6 @@ def _place(run_dir: Path, params: dict[str, Any], node_rank: int, *, timeout: fl
     """This node's launch plan of a multi-node cell: Slurm gave the task as many nodes as the
     cell asks for; every node publishes its address and ports in the shared run directory
     (``exchange_peers``) and plans its own workers against all of them."""
-    from matrun.runner.executors.workers import exchange_peers, write_node_plan
-    from matrun.runner.slurm.cluster import node_address
-
     nodes = int(params.get("nodes") or 1)
     granted = int(os.environ.get("SLURM_JOB_NUM_NODES") or 1)
     if granted != nodes or "SLURM_NODEID" not in os.environ:
@@ -189,11 +183,9 @@ def _process_start() -> float | None:
         return None
 
 
-def _remove_leftovers(key: Any) -> None:
+def _remove_leftovers(key: RunKey) -> None:
     """Remove any container of this run the engine still has (labels set at create)."""
     try:
-        from matrun.runner.environments.engine import connect
-
         client = connect(timeout=10)
         labels = [f"matrun.sweep={key.sweep}", f"matrun.cell={key.cell_id}",
                   f"matrun.run={key.repeat}-{key.attempt}"]

@@ -1,24 +1,31 @@
 """What the host knows about each framework, read from ``images/<name>/framework.toml``.
 
-A framework is one harness adapter module plus one ``images/<name>/`` folder holding its
-pinned requirements and this description: the import check used after an environment build,
-the environment variables that carry thread and oneDNN settings into the cell (they must be
-set before the framework starts), and the combinations it cannot run (refused at plan time).
-Format: docs/FRAMEWORKS.md.
+A framework is a folder: ``images/<name>/`` (its Dockerfiles, pinned requirements and this
+description), the in-cell adapter ``runner/harness/adapters/<name>.py`` and its notes
+``docs/frameworks/<name>.md``.  Everything else matrun knows about a framework is data read
+here: its display name, how each variant is built, the environment variables that carry the
+thread and oneDNN settings into the cell (set before the framework starts), the combinations
+it cannot run (refused at plan time), its own default settings, the hyper-parameters of its
+official examples (``preset = "framework-default"``), a BLAS built into it, and how the
+processes of a multi-worker cell find each other.  The warehouse renders what its views need
+into SQL macros (``matrun.warehouse.framework_sql``).  Format and every key:
+docs/FRAMEWORKS.md.
+
+The core layer: imports only the standard library and ``matrun.errors``.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import string
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from matrun.errors import InputError
-from matrun.runner.harness import UNSET
-
 
 
 @dataclass(frozen=True)
@@ -38,9 +45,9 @@ class Variant:
     """How one variant of a framework is built (``[variants.<name>]`` of framework.toml).
 
     ``requirements``: the pip pins of the variant (the local executor's virtual environment
-    and the image), or None for an image-only variant (e.g. Debian's python3-torch).
-    ``promises``: what the probe must find in the built image (``runner/environments/images.py``
-    ``broken_promises``), per oneDNN setting when ``promises_onednn_off`` is given.
+    and the image), or None for an image-only variant (e.g. a distribution's own package).
+    ``promises``: what the probe must find in the built image (``runner/environments/probes.py``),
+    per oneDNN setting when ``promises_onednn_off`` is given.
     """
 
     name: str
@@ -54,17 +61,109 @@ class Variant:
     description: str = ""
 
 
+#: Port slots of ``[workers] ports``, each host's ports in the order listed: ``rendezvous``
+#: one port (node 0's is where the others meet: a TCP store, a scheduler), ``servers`` one
+#: per parameter server, ``workers`` one per worker process of the host.
+PORT_SLOTS = ("rendezvous", "servers", "workers")
+#: Tables of ``[workers.env]``: ``all`` for every process of the cell, then one per role.
+ENV_ROLES = ("all", "scheduler", "server", "worker")
+#: What an environment template may name (docs/FRAMEWORKS.md "Multi-worker cells").
+PLACEHOLDERS = ("rank", "local_rank", "world", "local_world", "node_rank", "addr", "iface",
+                "rendezvous_addr", "rendezvous_port", "port", "servers", "worker_addresses")
+_PORT_OF_ROLE = {"worker": "workers", "server": "servers", "scheduler": "rendezvous"}
+
+
+@dataclass(frozen=True)
+class Workers:
+    """How the processes of a multi-worker cell find each other (``[workers]``).
+
+    ``ports``: the port slots each host's processes listen on (``PORT_SLOTS``), in order.
+    ``parameter_servers``: with a ``dist_*`` kvstore, node 0 runs a scheduler and this many
+    server processes before the workers (0: the workers alone).
+    ``binds_every_interface``: why the framework's servers need a private network namespace
+    under the local executor (they listen on every interface), or None.
+    ``env``: per ``ENV_ROLES`` table, variable -> template: a ``str.format`` string over
+    ``PLACEHOLDERS``, or ``{"json": value}`` whose strings are templates (one that is exactly
+    ``"{name}"`` takes the value itself: a number, a list), written as compact JSON.
+    """
+
+    ports: tuple[str, ...] = ()
+    parameter_servers: int = 0
+    binds_every_interface: str | None = None
+    env: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def ports_needed(self, local: int) -> int:
+        """Ports each host of a cell with ``local`` workers per host listens on."""
+        return sum(self._slot_size(slot, local) for slot in self.ports)
+
+    def port(self, ports: list[int], slot: str, index: int, local: int) -> int | None:
+        """The ``index``-th port of ``slot`` in one host's ``ports``, or None without that slot."""
+        offset = 0
+        for name in self.ports:
+            if name == slot:
+                return ports[offset + index]
+            offset += self._slot_size(name, local)
+        return None
+
+    def _slot_size(self, slot: str, local: int) -> int:
+        return {"rendezvous": 1, "servers": self.parameter_servers, "workers": local}[slot]
+
+    def environment(self, role: str, values: Mapping[str, Any]) -> dict[str, str]:
+        """The variables of one process of ``role``: ``env.all`` then ``env.<role>``, with
+        ``values`` (``PLACEHOLDERS`` -> value) filled in."""
+        text = {k: ",".join(map(str, v)) if isinstance(v, list) else str(v) for k, v in values.items()}
+        out: dict[str, str] = {}
+        for table in (self.env.get("all", {}), self.env.get(role, {})):
+            for name, template in table.items():
+                if isinstance(template, str):
+                    out[name] = template.format_map(text)
+                else:
+                    out[name] = json.dumps(_fill(template["json"], values, text), separators=(",", ":"))
+        return out
+
+
+def _fill(value: Any, values: Mapping[str, Any], text: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+        names = _placeholders(value)
+        if len(names) == 1 and value == "{" + names[0] + "}":
+            return values[names[0]]
+        return value.format_map(text)
+    if isinstance(value, list):
+        return [_fill(v, values, text) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, values, text) for k, v in value.items()}
+    return value
+
+
+def _placeholders(template: str) -> list[str]:
+    return [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+
+
 @dataclass(frozen=True)
 class Framework:
+    """One framework: ``images/<name>/framework.toml``, read and checked.
+
+    ``host_prefixes``: prefixes of the variables the framework reads (a host's own are dropped).
+    ``presets``: dataset family -> the parameters of the framework's official example.
+    ``defaults``: parameter -> the value that is the framework's own behaviour when told
+    nothing (``layout``; ``conv_algo`` on the GPU).  ``builtin_blas``: the BLAS the probe
+    reports when no BLAS library is loaded (the framework's dense kernels are its own).
+    """
+
     name: str
-    adapter: str
     import_check: str
+    display_name: str = ""
     thread_vars: tuple[str, ...] = ()
     interop_vars: tuple[str, ...] = ()
     onednn_vars: tuple[str, ...] = ()
     fixed_env: Mapping[str, str] = field(default_factory=dict)
+    host_prefixes: tuple[str, ...] = ()
     unsupported: tuple[Unsupported, ...] = ()
     variants: Mapping[str, Variant] = field(default_factory=dict)
+    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    defaults: Mapping[str, str] = field(default_factory=dict)
+    builtin_blas: str | None = None
+    workers: Workers = field(default_factory=Workers)
 
     def variant(self, name: str) -> Variant:
         try:
@@ -74,11 +173,12 @@ class Framework:
                              f"{', '.join(self.variants) or 'none'} (images/{self.name}/framework.toml)") from None
 
     def environment(self, params: Mapping[str, Any]) -> dict[str, str]:
-        """Variables that carry these parameters into the cell (besides ``fixed_env``)."""
+        """Variables that carry these parameters into the cell (besides ``fixed_env``).  A
+        thread count is an integer; "unset" (anything else) sets nothing."""
         env: dict[str, str] = {}
-        if params["threads"] != UNSET:
+        if _count(params["threads"]):
             env.update({v: str(params["threads"]) for v in self.thread_vars})
-        if params["interop_threads"] != UNSET:
+        if _count(params["interop_threads"]):
             env.update({v: str(params["interop_threads"]) for v in self.interop_vars})
         env.update({v: "1" if params["onednn"] else "0" for v in self.onednn_vars})
         return env
@@ -90,6 +190,10 @@ class Framework:
         return None
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @functools.cache
 def frameworks() -> dict[str, Framework]:
     """Every framework that has an ``images/<name>/framework.toml``, by name."""
@@ -97,7 +201,7 @@ def frameworks() -> dict[str, Framework]:
     for folder in sorted(resources.files("matrun.images").iterdir(), key=lambda p: p.name):
         desc = folder / "framework.toml"
         if desc.is_file():
-            fw = _parse(folder.name, tomllib.loads(desc.read_text(encoding="utf-8")))
+            fw = _parse(folder.name, _load(desc.read_text(encoding="utf-8"), f"images/{folder.name}/framework.toml"))
             found[fw.name] = fw
     return found
 
@@ -108,11 +212,7 @@ def load_framework(folder: Path) -> Framework | None:
     desc = folder / "framework.toml"
     if not desc.is_file():
         return None
-    try:
-        doc = tomllib.loads(desc.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{desc}: not valid TOML: {exc}") from None
-    return _parse(folder.name, doc)
+    return _parse(folder.name, _load(desc.read_text(encoding="utf-8"), str(desc)))
 
 
 def get_framework(name: str) -> Framework:
@@ -122,33 +222,198 @@ def get_framework(name: str) -> Framework:
         raise InputError(f"unknown framework {name!r}; known: {', '.join(frameworks())}") from None
 
 
+def host_env_prefixes() -> tuple[str, ...]:
+    """Prefixes of the variables some framework reads (``[env] host_prefixes``): a host's own
+    are never passed into a cell, whose environment is only what matrun sets."""
+    return tuple(sorted({p for fw in frameworks().values() for p in fw.host_prefixes}))
+
+
+def display_name(name: str) -> str:
+    """How prose names a framework (its ``display_name``); an unknown one by its value."""
+    fw = frameworks().get(name)
+    return (fw.display_name or fw.name) if fw else name
+
+
+# --- reading framework.toml --------------------------------------------------------------------
+
+_TOP_KEYS = ("name", "display_name", "import_check", "builtin_blas", "env", "unsupported", "defaults",
+             "presets", "workers", "variants")
+_ENV_KEYS = ("threads", "interop_threads", "onednn", "fixed", "host_prefixes")
+_DEFAULT_KEYS = ("layout", "conv_algo")
+_WORKER_KEYS = ("ports", "parameter_servers", "binds_every_interface", "env")
+_VARIANT_KEYS = ("dockerfile", "requirements", "build_args", "base_image", "device", "promises",
+                 "promises_onednn_off", "description")
+
+
+def _load(text: str, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{where}: not valid TOML: {exc}") from None
+
+
+def _table(where: str, doc: Any, what: str = "a table") -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise InputError(f"{where}: expected {what}, got {doc!r}")
+    return doc
+
+
+def _keys(where: str, doc: Any, allowed: Iterable[str], what: str = "a table") -> dict[str, Any]:
+    unknown = set(_table(where, doc, what)) - set(allowed)
+    if unknown:
+        raise InputError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    return doc
+
+
+def _text(where: str, key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise InputError(f"{where}: {key} must be a string, got {value!r}")
+    return value
+
+
+def _texts(where: str, key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InputError(f"{where}: {key} must be a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _text_map(where: str, key: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise InputError(f"{where}: {key} must map names to strings")
+    return dict(value)
+
+
 def _parse(folder: str, doc: dict[str, Any]) -> Framework:
-    env = doc.get("env", {})
+    file = f"images/{folder}/framework.toml"
+    _keys(file, doc, _TOP_KEYS)
     name = doc.get("name", folder)
     if name != folder:
-        raise InputError(f"images/{folder}/framework.toml names framework {name!r}; it must be {folder!r}")
+        raise InputError(f"{file} names framework {name!r}; it must be {folder!r}")
+    if "import_check" not in doc:
+        raise InputError(f"{file}: import_check is missing (the line run after an environment build)")
+    env = _keys(f"{file} [env]", doc.get("env", {}), _ENV_KEYS)
+    builtin_blas = doc.get("builtin_blas")
     return Framework(
         name=name,
-        adapter=doc["adapter"],
-        import_check=doc["import_check"],
-        thread_vars=tuple(env.get("threads", ())),
-        interop_vars=tuple(env.get("interop_threads", ())),
-        onednn_vars=tuple(env.get("onednn", ())),
-        fixed_env=dict(env.get("fixed", {})),
-        unsupported=tuple(Unsupported(dict(r["when"]), r["reason"]) for r in doc.get("unsupported", ())),
-        variants={k: _parse_variant(folder, k, v) for k, v in doc.get("variants", {}).items()},
+        display_name=_text(file, "display_name", doc.get("display_name", name)),
+        import_check=_text(file, "import_check", doc["import_check"]),
+        thread_vars=_texts(f"{file} [env]", "threads", env.get("threads", [])),
+        interop_vars=_texts(f"{file} [env]", "interop_threads", env.get("interop_threads", [])),
+        onednn_vars=_texts(f"{file} [env]", "onednn", env.get("onednn", [])),
+        fixed_env=_text_map(f"{file} [env]", "fixed", env.get("fixed", {})),
+        host_prefixes=_texts(f"{file} [env]", "host_prefixes", env.get("host_prefixes", [])),
+        unsupported=_parse_unsupported(file, doc.get("unsupported", [])),
+        variants={k: _parse_variant(folder, k, v) for k, v in _table(f"{file} [variants]", doc.get("variants", {})).items()},
+        presets=_parse_presets(file, doc.get("presets", {})),
+        defaults={k: _text(f"{file} [defaults]", k, v)
+                  for k, v in _keys(f"{file} [defaults]", doc.get("defaults", {}), _DEFAULT_KEYS).items()},
+        builtin_blas=None if builtin_blas is None else _text(file, "builtin_blas", builtin_blas),
+        workers=_parse_workers(file, doc.get("workers", {})),
     )
 
 
-_VARIANT_KEYS = {"dockerfile", "requirements", "build_args", "base_image", "device", "promises",
-                 "promises_onednn_off", "description"}
+def _parse_unsupported(file: str, rules: Any) -> tuple[Unsupported, ...]:
+    if not isinstance(rules, list):
+        raise InputError(f"{file}: unsupported must be an array of tables ([[unsupported]])")
+    out = []
+    for n, rule in enumerate(rules):
+        where = f"{file} [[unsupported]] {n + 1}"
+        _keys(where, rule, ("when", "reason"))
+        if not isinstance(rule.get("when"), dict) or "reason" not in rule:
+            raise InputError(f"{where}: needs when = {{ parameter = value, … }} and reason = \"…\"")
+        out.append(Unsupported(dict(rule["when"]), _text(where, "reason", rule["reason"])))
+    return tuple(out)
+
+
+def _parse_presets(file: str, doc: Any) -> dict[str, dict[str, Any]]:
+    out = {}
+    for family, values in _table(f"{file} [presets]", doc).items():
+        where = f"{file} [presets.{family}]"
+        if not isinstance(values, dict):
+            raise InputError(f"{where}: expected a table of parameter values, got {values!r}")
+        for key, value in values.items():
+            if not isinstance(value, (str, int, float, bool)):
+                raise InputError(f"{where}: {key} must be a string, a number or a boolean, got {value!r}")
+        out[family] = dict(values)
+    return out
+
+
+def _parse_workers(file: str, doc: Any) -> Workers:
+    where = f"{file} [workers]"
+    _keys(where, doc, _WORKER_KEYS)
+    ports = _texts(where, "ports", doc.get("ports", []))
+    bad = [p for p in ports if p not in PORT_SLOTS]
+    if bad or len(set(ports)) != len(ports):
+        raise InputError(f"{where}: ports lists each of {', '.join(PORT_SLOTS)} at most once, got {list(ports)}")
+    servers = doc.get("parameter_servers", 0)
+    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 0:
+        raise InputError(f"{where}: parameter_servers must be a non-negative integer, got {servers!r}")
+    if bool(servers) != ("servers" in ports) or (servers and "rendezvous" not in ports):
+        raise InputError(f"{where}: parameter servers need the ports \"rendezvous\" (the scheduler) and "
+                         "\"servers\", and those ports need parameter_servers > 0")
+    reason = doc.get("binds_every_interface")
+    env_doc = _keys(f"{file} [workers.env]", doc.get("env", {}), ENV_ROLES)
+    roles = {"all", "worker"} | ({"scheduler", "server"} if servers else set())
+    env: dict[str, dict[str, Any]] = {}
+    for role, table in env_doc.items():
+        at = f"{file} [workers.env.{role}]"
+        if role not in roles:
+            raise InputError(f"{at}: a framework without parameter servers has no {role} process")
+        if not isinstance(table, dict):
+            raise InputError(f"{at}: expected a table of variables, got {table!r}")
+        for var, template in table.items():
+            _check_template(at, var, template, role, ports)
+        env[role] = dict(table)
+    return Workers(ports=ports, parameter_servers=servers,
+                   binds_every_interface=None if reason is None else _text(where, "binds_every_interface", reason),
+                   env=env)
+
+
+def _check_template(where: str, var: str, template: Any, role: str, ports: tuple[str, ...]) -> None:
+    if isinstance(template, dict):
+        _keys(f"{where} {var}", template, ("json",), 'a string or { json = … }')
+        if "json" not in template:
+            raise InputError(f"{where} {var}: expected a string or {{ json = … }}")
+        strings = list(_strings(template["json"]))
+    elif isinstance(template, str):
+        strings = [template]
+    else:
+        raise InputError(f"{where}: {var} must be a string or {{ json = … }}, got {template!r}")
+    needs = {"rendezvous_addr": "rendezvous", "rendezvous_port": "rendezvous", "worker_addresses": "workers",
+             "port": _PORT_OF_ROLE.get(role)}
+    for text in strings:
+        try:
+            fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(text)
+                      if name is not None]
+        except ValueError as exc:
+            raise InputError(f"{where}: {var} is not a valid template ({exc}): {text!r}") from None
+        for name, spec, conv in fields:
+            if name not in PLACEHOLDERS or spec or conv:
+                raise InputError(f"{where}: {var} names {{{name}{'!' + conv if conv else ''}"
+                                 f"{':' + spec if spec else ''}}}; a template may name "
+                                 f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+            if name == "port" and role == "all":
+                raise InputError(f"{where}: {var} names {{port}}, each role's own port: set it in "
+                                 "[workers.env.<role>]")
+            if needs.get(name) and needs[name] not in ports:
+                raise InputError(f"{where}: {var} names {{{name}}}, which needs \"{needs[name]}\" in "
+                                 "[workers] ports")
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
 
 
 def _parse_variant(folder: str, name: str, doc: dict[str, Any]) -> Variant:
     where = f"images/{folder}/framework.toml [variants.{name}]"
-    unknown = set(doc) - _VARIANT_KEYS
-    if unknown:
-        raise InputError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    _keys(where, doc, _VARIANT_KEYS)
     for key in ("promises", "promises_onednn_off"):
         bad = set(doc.get(key, {})) - set(PROMISE_KEYS)
         if bad:

@@ -1,1 +1,15 @@
-"""TODO"""
+"""Result bundles, both sides: the directory a run leaves on disk (docs/BUNDLE.md).
+
+Modules:
+
+- ``layout``: the bundle's file names (``SPEC``, ``EVENTS``, ``MONITOR``, ``STDOUT``,
+  ``STDERR``, ``RESULT``), ``SCHEMA_VERSION``, the run ``STATUSES``, ``RunKey`` and the
+  ``<repeat>-<attempt>`` run-directory names;
+- ``write``: the host's writers (executors, sweep, Slurm tasks): atomic JSON, JSON-lines with
+  their header, ``next_attempt``, ``tail_text``;
+- ``read``: finding, parsing and validating bundles for ``warehouse.ingest``.
+
+Standard library and ``matrun.errors`` only (no DuckDB): the runner writes bundles through
+this package without loading the warehouse.  The harness writes ``events.jsonl`` without it
+(it is standard library + framework only) and names ``layout`` where it spells the file name.
+"""

@@ -1,4 +1,5 @@
-"""Finding, reading and validating result bundles (the format is docs/BUNDLE.md).
+"""Finding, reading and validating result bundles (the layout is ``layout``, the format
+docs/BUNDLE.md).
 
 Everything here is read-only and independent of DuckDB: ``ingest`` parses every bundle
 with :func:`load_bundle` first, then writes the parsed ones in one transaction.
@@ -20,7 +21,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from matrun.errors import BundleError, InputError
-from matrun.warehouse.bundles.write import EVENTS, MONITOR, RESULT, SCHEMA_VERSION, SPEC, STATUSES, RunKey
+from matrun.warehouse.bundles.layout import (
+    EVENTS, MONITOR, RESULT, SCHEMA_VERSION, SPEC, STATUSES, RunKey, run_dir_name,
+)
 
 #: No bundle file may be larger than this; a bigger one is refused, not read into memory.
 MAX_FILE_BYTES = 512 * 2**20
@@ -251,7 +254,7 @@ def _check_identity(directory: Path, spec: dict[str, Any], result: dict[str, Any
             raise BadBundle(directory / RESULT, f"{key} is {json.dumps(result[key])} but "
                                                 f"spec.json says {json.dumps(spec[key])}")
     run = RunKey(spec["sweep"], spec["cell_id"], spec["repeat"], spec["attempt"])
-    expected = f"{run.repeat}-{run.attempt}"
+    expected = run_dir_name(run.repeat, run.attempt)
     if directory.name != expected:
         raise BadBundle(directory, f"directory name does not match spec.json (repeat "
                                    f"{run.repeat}, attempt {run.attempt}: expected {expected!r})")

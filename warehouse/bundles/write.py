@@ -1,49 +1,22 @@
-"""Writing result bundles on the host (the format is docs/BUNDLE.md).
+"""Writing result bundles on the host (the layout is ``layout``, the format docs/BUNDLE.md).
 
-Reading and validating bundles is the warehouse's job (``matrun.warehouse.bundles.read``).
-Everything here writes so that a crash at any point leaves either no file or a whole
-file: JSON files go through a temporary file, fsync and rename; ``result.json`` is written
-last, so its presence is what marks a finished run.
+Reading and validating bundles is ``read``'s job.  Everything here writes so that a crash at
+any point leaves either no file or a whole file: JSON files go through a temporary file,
+fsync and rename; ``result.json`` is written last, so its presence is what marks a finished
+run.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-SCHEMA_VERSION = 1
-STATUSES = ("ok", "failed", "timeout", "oom", "cancelled")
+from matrun.warehouse.bundles.layout import SCHEMA_VERSION, parse_run_dir_name
+
+#: How much of a log's end ``tail_text`` returns (a result's ``error_tail``).
 ERROR_TAIL_BYTES = 4096
-
-SPEC = "spec.json"
-EVENTS = "events.jsonl"
-MONITOR = "monitor.jsonl"
-STDOUT = "stdout.log"
-STDERR = "stderr.log"
-RESULT = "result.json"
-
-_RUN_DIR = re.compile(r"^(\d+)-(\d+)$")
-
-
-@dataclass(frozen=True)
-class RunKey:
-    """Where a run lives: ``<results>/<sweep>/<cell_id>/<repeat>-<attempt>/``."""
-
-    sweep: str
-    cell_id: str
-    repeat: int
-    attempt: int
-
-    @property
-    def run_id(self) -> str:
-        return f"{self.cell_id}/{self.repeat}-{self.attempt}"
-
-    def directory(self, results: Path) -> Path:
-        return results / self.sweep / self.cell_id / f"{self.repeat}-{self.attempt}"
 
 
 def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
@@ -81,9 +54,9 @@ def next_attempt(results: Path, sweep: str, cell_id: str, repeat: int) -> int:
     highest = 0
     if cell_dir.is_dir():
         for entry in cell_dir.iterdir():
-            match = _RUN_DIR.match(entry.name)
-            if match and int(match.group(1)) == repeat:
-                highest = max(highest, int(match.group(2)))
+            parsed = parse_run_dir_name(entry.name)
+            if parsed and parsed[0] == repeat:
+                highest = max(highest, parsed[1])
     return highest + 1
 
 

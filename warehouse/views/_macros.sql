@@ -131,21 +131,19 @@ CREATE OR REPLACE MACRO params_key(p, drop) AS
 -- A short id of a configuration: the first 12 hex digits of the key's MD5.
 CREATE OR REPLACE MACRO config_id(p, drop, env) AS left(md5(params_key(p, drop) || '|' || coalesce(env, '')), 12);
 
--- The framework's own default data layout and convolution-algorithm choice (its behaviour
--- when told nothing; docs/frameworks/*.md): TensorFlow computes in NHWC (channels_last),
--- the others in NCHW; on the GPU TensorFlow (TF_CUDNN_USE_AUTOTUNE) and MXNet
--- (MXNET_CUDNN_AUTOTUNE_DEFAULT) autotune convolutions by default, PyTorch does not
--- (cudnn.benchmark = False).  On the CPU there is no choice: heuristic.
-CREATE OR REPLACE MACRO framework_default_layout(framework) AS
-    CASE WHEN framework = 'tensorflow' THEN 'nhwc' ELSE 'nchw' END;
-
-CREATE OR REPLACE MACRO framework_default_conv_algo(framework, device) AS
-    CASE WHEN device = 'gpu' AND framework IN ('tensorflow', 'mxnet') THEN 'autotune' ELSE 'heuristic' END;
+-- The framework facts are not written here: warehouse/framework_sql.py renders them from
+-- images/*/framework.toml and creates them before this file's macros.
+-- framework_default_layout(framework), framework_default_conv_algo(framework, device): the
+-- framework's own default layout and GPU convolution-algorithm choice ([defaults]; on the CPU
+-- there is no choice: heuristic); framework_builtin_blas(framework): the BLAS built into it
+-- (builtin_blas); framework_preset_hyperparams(framework, family): {optimizer, lr, batch_size}
+-- of its example for the dataset family ([presets.<family>]).  NULL for what a framework
+-- does not declare.
 
 -- The BLAS of a run from its probe record: the library the probe found mapped
--- (`blas_loaded`, with its version), else the framework's build information (PyTorch
--- `BLAS_INFO=mkl`), else a non-numpy BLAS that threadpoolctl saw, else TensorFlow's
--- built-in Eigen; the same order as `matrun build`'s image summary.
+-- (`blas_loaded`, with its version), else the framework's build information
+-- (`BLAS_INFO=mkl`), else a non-numpy BLAS that threadpoolctl saw, else the BLAS built into
+-- the framework (framework_builtin_blas); the same order as `matrun build`'s image summary.
 CREATE OR REPLACE MACRO probe_blas(probe, framework) AS
     coalesce(
         json_extract_string(probe, '$.blas_loaded.provider')
@@ -158,22 +156,14 @@ CREATE OR REPLACE MACRO probe_blas(probe, framework) AS
                                                  'numpy|scipy_openblas')),
             lambda l: json_extract_string(l, '$.internal_api')
                       || coalesce(' ' || json_extract_string(l, '$.version'), ''))[1],
-        CASE WHEN framework = 'tensorflow' THEN 'eigen' END);
+        framework_builtin_blas(framework));
 
 -- The hyper-parameters a cell has when the matrix leaves them to the preset: preset "none"
 -- gives matrun's defaults (docs/MATRIX.md), "framework-default" the framework's example for
--- the dataset family (mnist also stands for fashion-mnist; runner/planning/presets.py, docs/PRESETS.md;
--- tests/test_study_views.py checks both against the Python tables).  {optimizer, lr,
--- batch_size}; NULL fields where no preset exists.
+-- the dataset family (mnist also stands for fashion-mnist; framework_preset_hyperparams,
+-- runner/planning/presets.py, docs/PRESETS.md; tests/test_study_views.py checks both against
+-- the Python side).  {optimizer, lr, batch_size}; NULL where no preset exists.
 CREATE OR REPLACE MACRO default_hyperparams(framework, dataset, preset) AS
     CASE WHEN preset = 'none' THEN struct_pack(optimizer := 'sgd', lr := 0.01::DOUBLE, batch_size := 64)
-    ELSE list_transform(list_filter([
-            struct_pack(fw := 'torch', fam := 'mnist', optimizer := 'adadelta', lr := 1.0::DOUBLE, batch_size := 64),
-            struct_pack(fw := 'torch', fam := 'cifar10', optimizer := 'sgd', lr := 0.001::DOUBLE, batch_size := 4),
-            struct_pack(fw := 'tensorflow', fam := 'mnist', optimizer := 'adam', lr := 0.001::DOUBLE, batch_size := 128),
-            struct_pack(fw := 'tensorflow', fam := 'cifar10', optimizer := 'rmsprop', lr := 0.0001::DOUBLE, batch_size := 32),
-            struct_pack(fw := 'mxnet', fam := 'mnist', optimizer := 'sgd', lr := 0.1::DOUBLE, batch_size := 100),
-            struct_pack(fw := 'mxnet', fam := 'cifar10', optimizer := 'sgd', lr := 0.05::DOUBLE, batch_size := 128)],
-            lambda e: e.fw = framework AND e.fam = CASE WHEN dataset = 'fashion-mnist' THEN 'mnist' ELSE dataset END),
-        lambda e: struct_pack(optimizer := e.optimizer, lr := e.lr, batch_size := e.batch_size))[1]
+    ELSE framework_preset_hyperparams(framework, CASE WHEN dataset = 'fashion-mnist' THEN 'mnist' ELSE dataset END)
     END;

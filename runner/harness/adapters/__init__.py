@@ -1,7 +1,8 @@
 """Framework adapters, looked up by framework name.
 
-An adapter is one module that implements the ``Adapter`` protocol below; adding a framework
-is one module here plus one line in ``ADAPTERS``.  The harness calls, in this order:
+An adapter is one module that implements the ``Adapter`` protocol below, named by the
+framework value; adding a framework is one module here (``ADAPTERS`` finds it).  The harness
+(``cell.run_cell``) calls, in this order:
 
 1. ``check(params)`` -> ``None`` or a problem, e.g. ``"[params -> model] ..."``: what this
    framework cannot run (unknown model, input too small).  A problem is a bad spec (exit 2),
@@ -36,12 +37,13 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import HarnessError
+from ..errors import HarnessError
 
 if TYPE_CHECKING:
     from ..datasets import Dataset
     from ..events import EventLog
     from ..layers import LayerOps
+
 
 def _adapter_modules() -> list[str]:
     """The adapter modules of this package: one per framework, named by the framework value

@@ -52,17 +52,16 @@ import statistics
 import time
 from typing import Any, Callable
 
-from .. import HarnessError
+from ..errors import HarnessError
 from .. import distributed
 from .. import models as zoo
-from ..datasets import Dataset, Split
+from ..datasets import IDX_SHAPES, Dataset, Split
 from ..events import EventLog
 from ..layers import LayerOp, LayerOps
 from . import TrainOutcome
 
 NAME = "mxnet"
 MODELS = tuple(zoo.MODELS)
-IDX_SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 DEFAULT_OPENBLAS_CORETYPE = "Haswell"
 
 # Filled by ``configure`` (MXNet must not be imported before its environment is set).

@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import HarnessError
+from ..errors import HarnessError
 from .. import distributed
 from ..datasets import Dataset, Split
 from ..events import EventLog, StepSample

@@ -39,7 +39,7 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch import nn
 
-from .. import HarnessError
+from ..errors import HarnessError
 from .. import distributed
 from ..datasets import Dataset, Split
 from ..events import EventLog, StepSample

@@ -1,30 +1,54 @@
-"""``matrun build``, ``matrun images`` and ``matrun engine``: framework images and the engine.
+"""``matrun envs``, ``build``, ``images`` and ``matrun engine …``: framework environments, images, the engine.
 
-Registered by ``runner/cli/__init__.py``; each command is a thin wrapper over ``runner/environments/images.py``,
-``runner/environments/engine.py`` and ``warehouse/images.py`` (docs/IMAGES.md).
+Thin wrappers over ``runner/environments/`` (``venvs``: local virtual environments;
+``contexts`` and ``builds``: the images a matrix needs, building and probing them; ``engine``:
+the Docker engine) and ``warehouse/images.py`` (the images recorded); docs/IMAGES.md.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from matrun.errors import InputError
+from matrun.frameworks import get_framework
+from matrun.runner.cli.common import MatrixArg, WarehouseOpt, app, command, err, group, out, resolve_warehouse
+from matrun.runner.environments import engine
+from matrun.runner.environments.builds import build_images
+from matrun.runner.environments.contexts import images_needed
+from matrun.runner.environments.home import matrun_home
+from matrun.runner.environments.venvs import ensure_env, list_envs
+from matrun.runner.planning.identity import plan_cells
+from matrun.runner.planning.matrix import load_matrix
+from matrun.warehouse.images import list_images, record_images
+from matrun.runner.planning.selection import parse_where, select
 
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+engine_app = group(
+    "engine", help="Start, stop or check the local Docker engine (dockerd --bridge=none --iptables=false).")
 
-engine_app = typer.Typer(
-    help="Start, stop or check the local Docker engine (dockerd --bridge=none --iptables=false).",
-    no_args_is_help=True,
-)
+
+@command(app)
+def envs(
+    matrix: MatrixArg = Path("matrix.toml"),
+    build: Annotated[bool, typer.Option("--build", help="Build the environments the matrix needs.")] = False,
+) -> None:
+    """List the framework environments built here; --build prepares those the matrix needs."""
+    if build:
+        m = load_matrix(matrix)
+        for fw, variant in sorted({(c.values["framework"], c.values["variant"]) for c in m.cells}):
+            env = ensure_env(fw, variant, log=lambda t: typer.echo(t, err=True))
+            typer.echo(f"{env.spec.env_id}: {env.path}")
+    table = Table(title="environments")
+    for col in ("env id", "framework", "variant", "version", "python", "path"):
+        table.add_column(col)
+    for e in list_envs():
+        table.add_row(e["env_id"], e["framework"], e["variant"], e.get("framework_version", ""), e["python"], e["path"])
+    out.print(table)
 
 
 def _default_wheelhouse() -> Optional[Path]:
@@ -41,8 +65,6 @@ def _default_ca_bundle() -> Optional[Path]:
 
 
 def _parse_image(text: str) -> tuple[str, str]:
-    from matrun.frameworks import get_framework
-
     framework, sep, variant = text.partition(":")
     if not sep or not framework or not variant:
         raise InputError(f"--image {text!r}: expected FRAMEWORK:VARIANT, e.g. torch:cpu")
@@ -52,17 +74,13 @@ def _parse_image(text: str) -> tuple[str, str]:
 
 def wanted_images(matrix: Path, where: list[str], image: list[str]) -> list[tuple[str, str]]:
     """The (framework, variant) images to build: ``--image`` ones, else those of the matrix's cells."""
-    from matrun.runner.environments.images import images_needed
-
     if image:
         return list(dict.fromkeys(_parse_image(text) for text in image))
-    from matrun.runner.planning.matrix import load_matrix
-    from matrun.runner.planning.identity import parse_where, plan_cells, select
-
     cells = select(plan_cells(load_matrix(matrix), lambda fw, variant: f"{fw}-{variant}"), parse_where(where))
     return images_needed(cells)
 
 
+@command(app)
 def build(
     matrix: Annotated[Path, typer.Argument(help="The matrix file whose cells' images to build.")] = Path("matrix.toml"),
     where: Annotated[list[str], typer.Option("--where", "-w", help="Only cells matching KEY=V[,V…] (repeatable).")] = [],
@@ -84,10 +102,6 @@ def build(
         "--warehouse", help="DuckDB file to record the images in (default: the matrix's).")] = None,
 ) -> None:
     """Build the framework images the matrix needs (only those), probe them, record them."""
-    from matrun.runner.environments import images as builder
-    from matrun.runner.environments import engine
-    from matrun.warehouse.images import record_images
-
     images = wanted_images(matrix, where, image)
     if not images:
         raise InputError("no cells selected: nothing to build")
@@ -132,13 +146,11 @@ def build(
 
     progress.start()
     try:
-        built = builder.build_images(images, client=client, base_image=base_image, wheelhouse=wheelhouse,
-                                     ca_bundle=ca_bundle, progress=on_event, force=force, probe=not no_probe)
+        built = build_images(images, client=client, base_image=base_image, wheelhouse=wheelhouse,
+                             ca_bundle=ca_bundle, progress=on_event, force=force, probe=not no_probe)
     finally:
         progress.stop()
-    from matrun.runner.cli import _warehouse
-
-    target = warehouse or (_warehouse(None) if image else _matrix_warehouse(matrix))
+    target = warehouse or (resolve_warehouse(None) if image else _matrix_warehouse(matrix))
     record_images(target, built)
     table = Table(title=f"images (recorded in {target})")
     for col in ("tag", "build s", "size", "blas", "onednn", "python"):
@@ -152,20 +164,13 @@ def build(
 
 
 def _matrix_warehouse(matrix: Path) -> Path:
-    from matrun.runner.planning.matrix import load_matrix
-
     return load_matrix(matrix).sweep.warehouse
 
 
-def images(
-    warehouse: Annotated[Optional[Path], typer.Option(
-        "--warehouse", help="DuckDB file (default: the one matrix.toml names, else ./matrun.duckdb).")] = None,
-) -> None:
+@command(app)
+def images(warehouse: WarehouseOpt = None) -> None:
     """List the images `matrun build` recorded: pins, what the probe found, size, build time."""
-    from matrun.runner.cli import _warehouse
-    from matrun.warehouse.images import list_images
-
-    rows = list_images(_warehouse(warehouse))
+    rows = list_images(resolve_warehouse(warehouse))
     table = Table(title="images")
     for col in ("tag", "framework", "version", "python", "blas", "onednn", "cuda", "cudnn", "size", "build s", "recorded"):
         table.add_column(col)
@@ -181,16 +186,12 @@ def images(
 
 
 def _state_dir() -> Path:
-    from matrun.runner.environments.venvs import matrun_home
-
     return matrun_home() / "engine"
 
 
-@engine_app.command("start")
+@command(engine_app, "start")
 def engine_start() -> None:
     """Start dockerd --bridge=none --iptables=false in its own session (needs root); PID recorded."""
-    from matrun.runner.environments import engine
-
     url = engine.engine_url()
     if engine.find_engine() is not None:
         typer.echo(f"a Docker engine already answers at {url}; nothing started")
@@ -201,11 +202,9 @@ def engine_start() -> None:
     typer.echo(f"started dockerd (pid {started.pid}) at {url} in {started.seconds:.2f} s; log {started.log}")
 
 
-@engine_app.command("stop")
+@command(engine_app, "stop")
 def engine_stop() -> None:
     """Stop the dockerd that `matrun engine start` started (that PID only)."""
-    from matrun.runner.environments import engine
-
     pid_file = _state_dir() / "dockerd.pid"
     if engine.stop_engine(pid_file):
         typer.echo("stopped the dockerd matrun started")
@@ -213,11 +212,9 @@ def engine_stop() -> None:
         typer.echo("no dockerd started by matrun is running; nothing stopped")
 
 
-@engine_app.command("status")
+@command(engine_app, "status")
 def engine_status() -> None:
     """Say whether a Docker engine answers, and its version."""
-    from matrun.runner.environments import engine
-
     url = engine.engine_url()
     client = engine.find_engine()
     if client is None:

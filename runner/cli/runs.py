@@ -1,0 +1,168 @@
+"""``matrun plan``, ``sweep``, ``status`` and ``cancel``: a matrix's cells, running them, their progress.
+
+Thin wrappers over ``runner/planning/overview.py`` (plan and status rows),
+``runner/sweep/run.py`` (``run_sweep``) and ``runner/slurm/`` (``cancel_sweep``, the Slurm
+tasks' progress); docs/CLI.md.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from matrun.runner.cli.common import MatrixArg, WhereOpt, app, command, err, out
+from matrun.runner.planning.matrix import load_matrix
+from matrun.runner.planning.overview import plan_rows, status_rows
+from matrun.runner.slurm.jobs import cell_progress
+from matrun.runner.slurm.loop import cancel_sweep
+from matrun.runner.sweep.run import run_sweep
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    value = int(round(value))
+    return f"{value // 3600}h{value % 3600 // 60:02d}m" if value >= 3600 else f"{value // 60}m{value % 60:02d}s"
+
+
+@command(app)
+def plan(
+    matrix: MatrixArg = Path("matrix.toml"),
+    where: WhereOpt = [],
+) -> None:
+    """Show the cells of a matrix: parameters that vary, id, repeats done, time estimate."""
+    rows, footer = plan_rows(matrix_path=matrix, where=where)
+    table = Table(title=f"{matrix}: {footer['cells']} cells × {footer['repeats']} repeats", show_lines=False)
+    for col in ("cell", *footer["varying"], "env", "done", "estimate"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["cell_id"], *[str(row[k]) for k in footer["varying"]], row["env_id"],
+                      f"{row['done']}/{footer['repeats']}", _seconds(row["estimate_s"]))
+    out.print(table)
+    if not footer["todo"]:
+        rest = "nothing left to run"
+    elif footer["estimate_s"]:
+        rest = f"estimated time for the rest: {_seconds(footer['estimate_s'])}"
+    else:
+        rest = "estimated time for the rest: unknown (no earlier runs)"
+    typer.echo(f"{footer['runs']} runs: {footer['done']} done, {footer['todo']} to run; {rest}")
+
+
+@command(app)
+def sweep(
+    matrix: MatrixArg = Path("matrix.toml"),
+    where: WhereOpt = [],
+    force: Annotated[bool, typer.Option("--force", help="Run again even the cells that already have an ok run.")] = False,
+    executor: Annotated[Optional[str], typer.Option(help="auto, local, docker or slurm (default: the matrix's [sweep] "
+        "executor; auto: docker when a Docker engine answers, else local).")] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Slurm: submit and return; a later `matrun sweep` "
+        "or `matrun ingest` picks the results up, `matrun cancel` stops the jobs.")] = False,
+    partition: Annotated[Optional[str], typer.Option(help="Slurm partition (overrides \\[slurm] partition).")] = None,
+    account: Annotated[Optional[str], typer.Option(help="Slurm account (overrides \\[slurm] account).")] = None,
+    qos: Annotated[Optional[str], typer.Option(help="Slurm QOS (overrides \\[slurm] qos).")] = None,
+    throttle: Annotated[Optional[int], typer.Option(help="Slurm: at most this many tasks of a job array at once "
+        "(0: no limit; overrides \\[slurm] throttle).")] = None,
+    exclusive: Annotated[Optional[bool], typer.Option("--exclusive/--no-exclusive", help="Slurm: whether each task "
+        "has its node to itself (default: \\[slurm] exclusive, true).")] = None,
+    sbatch_arg: Annotated[list[str], typer.Option("--sbatch-arg", help="Slurm: one more sbatch flag, --name=value, "
+        "from the allowed set (repeatable; replaces \\[slurm] sbatch_args).")] = [],
+) -> None:
+    """Run every cell that has no successful run yet, ingest each run as it ends."""
+    signal.signal(signal.SIGTERM, _sigterm)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err,
+                        disable=not err.is_terminal)
+    task = None
+
+    def on_event(event: Any) -> None:
+        nonlocal task
+        if event.kind == "message":
+            typer.echo(event.text, err=True)
+        elif event.kind == "plan":
+            note = f" (estimated {_seconds(event.estimate_s)})" if event.estimate_s else ""
+            typer.echo(f"{event.text}{note}", err=True)
+            task = progress.add_task("sweep", total=event.total)
+            progress.start()
+        elif event.kind == "run-start":
+            progress.update(task, description=f"{event.cell.cell.label} #{event.repeat}")
+        elif event.kind == "run-end":
+            o = event.outcome
+            progress.advance(task)
+            line = f"{o.status:>9}  {event.cell.cell_id}  repeat {event.repeat}  {o.wall_seconds:7.1f}s  {event.cell.cell.label}"
+            progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    slurm = {"partition": partition, "account": account, "qos": qos, "throttle": throttle,
+             "exclusive": exclusive, "sbatch_args": sbatch_arg or None}
+    try:
+        summary = run_sweep(matrix_path=matrix, where=where, force=force, executor=executor, on_event=on_event,
+                            detach=detach, slurm=slurm)
+    finally:
+        progress.stop()
+    for line in summary.warnings:
+        typer.echo(f"warning: {line}", err=True)
+    if summary.detached:
+        jobs = f" as Slurm job {', '.join(summary.job_ids)}" if summary.job_ids else ""
+        waiting = f"; {summary.in_flight} already queued or running" if summary.in_flight else ""
+        typer.echo(f"sweep {summary.sweep}: submitted {summary.submitted} runs{jobs}{waiting}; "
+                   f"{summary.skipped_done} already done. `matrun status` shows progress, `matrun sweep` or "
+                   f"`matrun ingest` picks the results up, `matrun cancel` stops the jobs")
+        return
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.by_status.items())) or "nothing to run"
+    typer.echo(f"sweep {summary.sweep}: {summary.ran} runs ({counts}); {summary.skipped_done} already done")
+    for line in summary.not_ingested:
+        typer.echo(f"warning: not ingested: {line} (the bundle is on disk; run `matrun ingest`)", err=True)
+    if summary.by_status.get("ok", 0) < summary.ran:
+        raise typer.Exit(1)
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # stop the running cell, record it as cancelled, keep the rest
+
+
+@command(app)
+def status(matrix: MatrixArg = Path("matrix.toml")) -> None:
+    """Show, per cell of the matrix, how many repeats are done and how the last run ended."""
+    rows, counts = status_rows(matrix_path=matrix)
+    m = load_matrix(matrix)
+    progress = cell_progress(m.sweep.results / m.sweep.name)  # None: no Slurm submissions
+    table = Table(title=f"{matrix}: sweep {counts['sweep']}")
+    slurm_cols = ("queued", "running", "done", "failed") if progress else ()
+    for col in ("cell", "label", "ok repeats", "last status", "attempts", *slurm_cols):
+        table.add_column(col)
+    totals = dict.fromkeys(slurm_cols, 0)
+    for r in rows:
+        extra = []
+        if progress:
+            cell = progress[0].get(r["cell_id"], {})
+            extra = [str(cell.get(c, 0)) for c in slurm_cols]
+            for c in slurm_cols:
+                totals[c] += cell.get(c, 0)
+        table.add_row(r["cell_id"], r["label"], f"{r['ok']}/{counts['repeats']}", r["last_status"],
+                      str(r["attempts"]), *extra)
+    out.print(table)
+    typer.echo(", ".join(f"{k}: {v}" for k, v in counts.items() if k not in ("sweep",)))
+    if progress:
+        typer.echo("Slurm tasks: " + ", ".join(f"{k}: {v}" for k, v in totals.items()))
+        for note in progress[1]:
+            typer.echo(f"note: {note}", err=True)
+
+
+@command(app)
+def cancel(
+    matrix: MatrixArg = Path("matrix.toml"),
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the tasks to stop their containers.")] = 180.0,
+) -> None:
+    """Cancel the sweep's Slurm jobs (scancel); record and ingest the runs they stopped."""
+    result = cancel_sweep(matrix_path=matrix, wait_s=wait, on_message=lambda text: typer.echo(text, err=True))
+    if not result["job_ids"]:
+        typer.echo(f"sweep {result['sweep']}: no queued or running Slurm job; nothing to cancel")
+        return
+    typer.echo(f"sweep {result['sweep']}: cancelled Slurm job {', '.join(result['job_ids'])}; "
+               f"{result['recorded']} run(s) recorded as cancelled; {result['left']} task(s) still ending")
+    if not result["ended"] or result["left"]:
+        raise typer.Exit(1)

@@ -1,0 +1,226 @@
+"""Image recipes and build contexts: what an image is made of, named before anything is built.
+
+An image is built from ``images/<framework>/Dockerfile.<variant>`` and
+``requirements-<variant>.txt`` (the same pins as the local executor's virtual environment),
+as ``[variants.<variant>]`` of the framework's framework.toml names them, in a build context
+assembled here:
+
+    Dockerfile.<variant>, requirements-<variant>.txt
+    wheels/          wheels of pinned packages taken from the wheelhouse (may be empty)
+    ca-bundle.crt    the CA bundle pip trusts inside the build (empty: pip's own)
+
+Two hashes name an image.  The *recipe hash* covers what the repository says (Dockerfile,
+requirements, build arguments): it is known without an engine and is the docker executor's
+``env_id``, hence part of cell ids.  The *content hash* covers the context's files (not the
+CA bundle: how pip reaches the index does not change what is installed), the base image's
+name and ID, the recipe hash and ``CONTEXT_PROTOCOL``; the tag is
+``matrun/<framework>:<variant>-<content hash>``, so the same inputs are built once and any
+change gives a new tag.  Labels (``org.matrun.*``) carry both hashes and the pins.
+
+No engine here: the build is ``builds.py``, the probe ``probes.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from matrun.errors import InputError
+from matrun.frameworks import Variant, get_framework, load_framework
+
+# Bump when the layout of the build context changes (the hash, hence every tag, changes).
+CONTEXT_PROTOCOL = 1
+# The image repository (tags are REPOSITORY/<framework>:<variant>-<hash>) and the label prefix.
+REPOSITORY = "matrun"
+LABEL = "org.matrun"
+CA_BUNDLE = "ca-bundle.crt"
+WHEELS = "wheels"
+
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)")
+_BASE_ARG = re.compile(r"^ARG\s+BASE_IMAGE=(\S+)\s*$", re.M)
+
+
+def image_repository(framework: str) -> str:
+    """The repository a framework's images are tagged in (``matrun/<framework>``)."""
+    return f"{REPOSITORY}/{framework}"
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """A build context assembled on disk (``path``), with what its tag and labels say."""
+
+    framework: str
+    variant: str
+    path: Path
+    dockerfile: str
+    content_hash: str
+    pins: Mapping[str, str]
+    wheels: tuple[str, ...]
+    base_image: str
+    recipe_hash: str = ""
+    build_args: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def tag(self) -> str:
+        return f"{image_repository(self.framework)}:{self.variant}-{self.content_hash[:12]}"
+
+    def labels(self) -> dict[str, str]:
+        labels = {
+            f"{LABEL}.framework": self.framework,
+            f"{LABEL}.variant": self.variant,
+            f"{LABEL}.content-hash": self.content_hash,
+            f"{LABEL}.base-image": self.base_image,
+            f"{LABEL}.wheels": " ".join(self.wheels),
+            f"{LABEL}.recipe-hash": self.recipe_hash,
+        }
+        labels.update({f"{LABEL}.build-arg.{name}": value for name, value in self.build_args.items()})
+        labels.update({f"{LABEL}.pin.{name}": version for name, version in self.pins.items()})
+        return labels
+
+
+# --- what to build ---------------------------------------------------------------------
+
+def images_needed(cells: Iterable[Any]) -> list[tuple[str, str]]:
+    """The (framework, variant) pairs of the cells, once each, in first-seen order.
+
+    A cell is anything with ``params`` (``PlannedCell``), ``values`` (``CellParams``) or a
+    mapping with ``framework`` and ``variant``.
+    """
+    seen: dict[tuple[str, str], None] = {}
+    for cell in cells:
+        values = cell if isinstance(cell, Mapping) else getattr(cell, "params", None) or cell.values
+        seen.setdefault((values["framework"], values["variant"]), None)
+    return list(seen)
+
+
+def variant_of(framework: str, variant: str, images_dir: Path | None = None) -> Variant:
+    """How a framework variant is built: ``[variants.<variant>]`` of its framework.toml (the
+    package's, or ``images_dir``'s own); a folder without a framework.toml builds
+    ``Dockerfile.<variant>`` from ``requirements-<variant>.txt``."""
+    if images_dir is None:
+        return get_framework(framework).variant(variant)
+    found = load_framework(images_dir / framework)
+    if found is not None:
+        return found.variant(variant)
+    return Variant(variant, f"Dockerfile.{variant}", f"requirements-{variant}.txt")
+
+
+def image_sources(framework: str, variant: str, images_dir: Path | None = None) -> tuple[Path, Path | None]:
+    """The Dockerfile and the pip requirements (None: an image-only variant) of a framework
+    variant, as ``[variants.<variant>]`` of its framework.toml names them."""
+    var = variant_of(framework, variant, images_dir)
+    root = images_dir or Path(str(resources.files("matrun.images")))
+    folder = root / framework
+    dockerfile = folder / var.dockerfile
+    requirements = folder / var.requirements if var.requirements else None
+    for path in filter(None, (dockerfile, requirements)):
+        if not path.is_file():
+            raise InputError(f"no image for {framework}:{variant}: images/{framework}/{path.name} does not exist")
+    return dockerfile, requirements
+
+
+def recipe_hash(framework: str, variant: str, images_dir: Path | None = None) -> str:
+    """SHA-256 of what the repository says about an image: its Dockerfile, its requirements
+    and its build arguments.  Known without an engine, so a cell's identity (``env_id``)
+    changes when the recipe does, before anything is built; the image's tag hashes more
+    (the base image's ID and the wheels actually used)."""
+    var = variant_of(framework, variant, images_dir)
+    dockerfile, requirements = image_sources(framework, variant, images_dir)
+    digest = hashlib.sha256(f"matrun-recipe {CONTEXT_PROTOCOL}\n{framework}\n{variant}\n".encode())
+    for path in filter(None, (dockerfile, requirements)):
+        digest.update(f"{path.name}\0{_file_digest(path)}\n".encode())
+    for name, value in sorted(var.build_args.items()):
+        digest.update(f"arg {name}={value}\n".encode())
+    return digest.hexdigest()
+
+
+def default_base_image(framework: str, variant: str, images_dir: Path | None = None) -> str:
+    """The base image a variant builds on when ``--base-image`` is not given: the variant's
+    ``base_image`` in framework.toml, else the Dockerfile's ``ARG BASE_IMAGE=`` default."""
+    var = variant_of(framework, variant, images_dir)
+    if var.base_image:
+        return var.base_image
+    dockerfile, _ = image_sources(framework, variant, images_dir)
+    match = _BASE_ARG.search(dockerfile.read_text(encoding="utf-8"))
+    if not match:
+        raise InputError(f"images/{framework}/{dockerfile.name} has no `ARG BASE_IMAGE=<image>` default")
+    return match.group(1)
+
+
+# --- the context -----------------------------------------------------------------------
+
+def parse_pins(requirements: str) -> dict[str, str]:
+    """``name==version`` lines of a requirements file, by normalised project name."""
+    pins = {}
+    for line in requirements.splitlines():
+        match = _PIN.match(line.strip())
+        if match:
+            pins[_normalise(match.group(1))] = match.group(2)
+    return pins
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def select_wheels(wheelhouse: Path | None, pins: Mapping[str, str], *, device: str = "cpu") -> list[Path]:
+    """The wheelhouse's wheels of pinned packages at their pinned version (a local version
+    label such as ``+cpu`` matches, as it does for pip); others are left out of the context.
+    For a GPU variant a ``+cpu`` wheel is never taken: pip would accept it for a plain pin,
+    and the image would silently have no CUDA."""
+    if wheelhouse is None:
+        return []
+    if not wheelhouse.is_dir():
+        raise InputError(f"wheelhouse {wheelhouse} is not a directory")
+    chosen = []
+    for wheel in sorted(wheelhouse.glob("*.whl")):
+        name, version = wheel.name.split("-")[:2]
+        pinned = pins.get(_normalise(name))
+        base, _, local = version.partition("+")
+        if device == "gpu" and local == "cpu" and "+" not in (pinned or ""):
+            continue
+        if pinned is not None and base == pinned.split("+")[0]:
+            chosen.append(wheel)
+    return chosen
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def prepare_context(framework: str, variant: str, *, dest: Path, base_image: str, base_image_id: str,
+                    images_dir: Path | None = None, wheelhouse: Path | None = None,
+                    ca_bundle: Path | None = None) -> BuildContext:
+    """Assemble the build context in ``dest`` (created) and hash it."""
+    var = variant_of(framework, variant, images_dir)
+    dockerfile, requirements = image_sources(framework, variant, images_dir)
+    pins = parse_pins(requirements.read_text(encoding="utf-8")) if requirements else {}
+    wheels = select_wheels(wheelhouse, pins, device=var.device)
+    (dest / WHEELS).mkdir(parents=True)
+    shutil.copyfile(dockerfile, dest / dockerfile.name)
+    if requirements is not None:
+        shutil.copyfile(requirements, dest / requirements.name)
+    for wheel in wheels:
+        shutil.copyfile(wheel, dest / WHEELS / wheel.name)
+    if ca_bundle is not None:
+        if not ca_bundle.is_file():
+            raise InputError(f"CA bundle {ca_bundle} is not a file")
+        shutil.copyfile(ca_bundle, dest / CA_BUNDLE)
+    else:
+        (dest / CA_BUNDLE).write_bytes(b"")
+    recipe = recipe_hash(framework, variant, images_dir)
+    digest = hashlib.sha256(f"matrun-image {CONTEXT_PROTOCOL}\n{base_image}\n{base_image_id}\n{recipe}\n".encode())
+    for path in sorted(p for p in dest.rglob("*") if p.is_file() and p.name != CA_BUNDLE):
+        digest.update(f"{path.relative_to(dest).as_posix()}\0{_file_digest(path)}\n".encode())
+    return BuildContext(framework, variant, dest, dockerfile.name, digest.hexdigest(), pins,
+                        tuple(w.name for w in wheels), base_image, recipe, dict(var.build_args))

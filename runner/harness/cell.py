@@ -1,0 +1,158 @@
+"""One cell, in-cell: read and check ``spec.json``, then run it and write ``events.jsonl``.
+
+``run_cell`` is what ``python -m matrun.runner.harness`` does (``__main__``): it checks the
+spec (``load_spec``), applies the framework's switches through the framework's adapter,
+probes what is really in force, loads the data, trains or infers, evaluates and writes the
+events (docs/BUNDLE.md, docs/HARNESS.md).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from . import adapters, datasets, distributed, layers, probe
+from .errors import HarnessError, SpecError
+from .events import EventLog, throughput
+from .spec import first_problem, layer_profile_problem, model_problem, show
+
+HARNESS_VERSION = "1.0"
+SCHEMA_VERSION = 1
+
+
+# --- spec.json -------------------------------------------------------------------------
+
+
+def load_spec(path: Path) -> dict[str, Any]:
+    """Read and check ``spec.json``; raise ``SpecError`` naming the file and the key path."""
+    try:
+        spec = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise SpecError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(spec, dict):
+        raise SpecError(f"{path}: expected a JSON object, got {type(spec).__name__}")
+    version = spec.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise SpecError(f"{path}: unknown schema_version {show(version)} "
+                        f"(this harness reads {SCHEMA_VERSION}); rebuild the environment with this matrun")
+    if "data_dir" not in spec:
+        raise SpecError(f"{path}: [data_dir] is missing")
+    if not isinstance(spec["data_dir"], str):
+        raise SpecError(f"{path}: [data_dir] expected a string, got {show(spec['data_dir'])}")
+    if "params" not in spec:
+        raise SpecError(f"{path}: [params] is missing")
+    if not isinstance(spec["params"], dict):
+        raise SpecError(f"{path}: [params] expected an object, got {show(spec['params'])}")
+    params = spec["params"]
+    problem = first_problem(params)
+    if problem:
+        raise SpecError(f"{path}: [params -> {problem[0]}] {problem[1]}")
+    known = adapters.known_frameworks()
+    if params["framework"] not in known:
+        raise SpecError(f"{path}: [params -> framework] unknown framework {show(params['framework'])} "
+                        f"(this harness knows {', '.join(known)})")
+    problem_text = model_problem(params)
+    if problem_text:
+        raise SpecError(f"{path}: {problem_text}")
+    problem_text = layer_profile_problem(params)
+    if problem_text:
+        raise SpecError(f"{path}: [params -> layer_profile] {problem_text}")
+    if distributed.multi_process(params) and (params["mode"] != "train" or params["layer_profile"]):
+        raise SpecError(f"{path}: [params -> workers] a multi-worker cell trains (mode = \"train\", "
+                        "no layer_profile)")
+    return spec
+
+
+# --- one run ---------------------------------------------------------------------------
+
+
+def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
+             onednn_probe: bool = False) -> dict[str, Any]:
+    """Run the cell that ``spec_path`` describes, write ``out_dir/events.jsonl``, return the summary.
+
+    ``started`` is the ``time.perf_counter()`` reading taken when the harness started (it
+    anchors ``time_to_first_step``); by default, now.  Raises ``SpecError`` before anything
+    is written when the spec is bad, ``HarnessError`` (or anything else) once running, in
+    which case the events written so far stay on disk.  ``onednn_probe``: this run is the
+    short verbose run of another run's oneDNN check (``probe.onednn_check``); it never
+    starts a check of its own.
+    """
+    started = time.perf_counter() if started is None else started
+    spec = load_spec(spec_path)
+    params = spec["params"]
+    try:
+        ctx = distributed.context(params)
+    except ValueError as exc:
+        raise HarnessError(f"{spec_path}: {exc}") from None
+    # A worker applies its share of the cell's threads and CPUs (the cell's values when alone).
+    params = distributed.worker_params(params, ctx.local_rank) if ctx.distributed else params
+    distributed.set_current(ctx)
+    adapter = adapters.load(params["framework"])
+    problem = adapter.check(params)
+    if not problem and params["mode"] == "inference" and not hasattr(adapter, "infer"):
+        problem = f"[params -> mode] the {params['framework']} adapter has no inference mode"
+    if not problem and params["layer_profile"] and not hasattr(adapter, "layer_ops"):
+        problem = f"[params -> layer_profile] the {params['framework']} adapter cannot time layers"
+    if problem:
+        raise SpecError(f"{spec_path}: {problem}")
+
+    onednn = None
+    if params["onednn_check"] and not onednn_probe and ctx.chief:
+        onednn = probe.onednn_check({**spec, "params": params})
+        started += onednn["seconds"]  # time_to_first_step leaves the check out
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with EventLog(out_dir / "events.jsonl", warmup_steps=params["warmup_steps"], started=started,
+                  harness_version=HARNESS_VERSION) as log:
+        adapter.configure(params)
+        fields = probe.collect(adapter.NAME, params, adapter.probe(params))
+        notes = probe.add_onednn_check(fields, params, onednn)
+        log.emit("probe", **fields)
+
+        t0 = time.perf_counter()
+        dataset = datasets.load(params, Path(spec["data_dir"]))
+        log.emit("data", dataset=dataset.name, train_size=dataset.train.count,
+                 test_size=dataset.test.count, shape=list(dataset.shape), classes=dataset.classes,
+                 load_seconds=time.perf_counter() - t0)
+
+        if params["mode"] == "inference":
+            outcome = adapter.infer(params, dataset, log)
+        else:
+            outcome = adapter.train(params, dataset, log)
+        if params["layer_profile"]:
+            layers.profile(log, params, dataset.shape, dataset.classes,
+                           adapter.layer_ops(params, dataset, outcome.model))
+        extra, more_notes = _workers_summary(ctx, params, log, fields, outcome, out_dir)
+        summary = log.summary(diverged=outcome.diverged, notes=[*notes, *outcome.notes, *more_notes],
+                              mode=params["mode"], inference_seconds=outcome.inference_seconds,
+                              peak_device_memory_bytes=outcome.peak_device_memory_bytes, extra=extra)
+        log.emit("end", t=time.time())
+    return summary
+
+
+def _workers_summary(ctx: distributed.Context, params: dict[str, Any], log: EventLog, probe_fields: dict[str, Any],
+                     outcome: adapters.TrainOutcome, out_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """A worker of a multi-worker cell: its report (rank r > 0 writes ``worker.json``; rank 0
+    gathers them all) and, for rank 0, the summary fields of the whole cell.  A single
+    process: only the gradient-exchange measurement, when there is one (an MXNet dist kvstore)."""
+    exchange = {"exchange": outcome.exchange} if outcome.exchange else {}
+    if not ctx.distributed:
+        return exchange, []
+    in_force = probe_fields.get("in_force", {})
+    report = {"rank": ctx.rank, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank,
+              **distributed.step_stats(ctx, log.steps, params["warmup_steps"]),
+              "affinity": in_force.get("affinity"), "threads": in_force.get("threads"),
+              "interop_threads": in_force.get("interop_threads"),
+              "mismatches": probe_fields.get("mismatches", []), "exchange": outcome.exchange}
+    if not ctx.chief:
+        distributed.write_report(out_dir, report)
+        return {**exchange, "rank": ctx.rank}, []
+    reports, notes = distributed.gather_reports(ctx, report)
+    rated = log.steps[log.warmup_steps:] or log.steps
+    extra = distributed.summary_fields(ctx, params, reports, throughput(rated))
+    return {**exchange, **extra}, notes

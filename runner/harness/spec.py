@@ -1,0 +1,342 @@
+"""The cell parameters, declared once: every key of a cell's ``params`` with its check, its
+default, its help text, whether it is part of the cell's identity and its allowed values.
+
+Both sides read this module.  The host builds its registry from ``PARAMS``
+(``runner/planning/params.py``) and checks every matrix.toml value with the same ``check``,
+which also returns the value's canonical form; the harness checks ``spec.json`` key by key
+with ``first_problem`` (``cell.load_spec``).  ``unused_keys`` is the one rule of which keys a
+cell does not use: the host sets them to null (``runner/planning/matrix.py: canonical``) and
+the harness accepts null for them.
+
+Each check takes a raw value and returns the canonical value, or raises ``ParamError`` with
+the words that follow the key path in the user's message, e.g. ``expected a positive
+integer, got "big"``.  Standard library only, like the rest of the harness.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .cpusets import CPUSET, parse_cpuset
+from .datasets import DATASETS, IDX_SHAPES, SYNTHETIC
+from .models import MODELS, sequential_models, walk
+
+UNSET = "unset"  # threads / interop_threads: leave the framework's own default
+DEVICES = ("cpu", "gpu")
+MODES = ("train", "inference")
+OPTIMIZERS = ("sgd", "adam", "adadelta", "rmsprop")
+LAYOUTS = ("nchw", "nhwc")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+CONV_ALGOS = ("heuristic", "autotune")
+PRESETS = ("none", "framework-default")
+SCALINGS = ("weak", "strong")
+KVSTORES = ("device", "dist_sync", "dist_async")
+KVSTORE_FRAMEWORKS = ("mxnet",)  # the frameworks whose gradient exchange ``kvstore`` chooses
+
+MAX_THREADS = 1024
+MAX_WORKERS = 256
+MAX_NODES = 1024
+MIN_MEMORY_LIMIT = 6 * 1024**2  # the Docker engine refuses less than 6 MiB
+
+# How spec.json carries a parameter (``Param.in_spec``).
+REQUIRED = "required"  # always there; missing is an error
+OPTIONAL = "optional"  # added after the first harness: absent, it means the default
+HOST_ONLY = "host"  # a host-side setting (the executor enforces it); the harness ignores it
+
+_VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}$")
+_MEMORY = re.compile(r"^([0-9]{1,15})([kmg]?)b?$", re.I)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+class ParamError(ValueError):
+    """A value failed its check; the message is the part after the key path."""
+
+
+def show(value: Any) -> str:
+    """A value as the user wrote it, for messages (strings quoted, JSON's true / false / null,
+    long ones cut)."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif value is None:
+        text = "null"
+    else:
+        text = f'"{value}"' if isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --- checks ------------------------------------------------------------------------------
+
+
+def _describe_int(minimum: int) -> str:
+    return {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
+
+
+def integer(minimum: int, maximum: int | None = None, what: str = "") -> Callable[[Any], int]:
+    """An integer (not a boolean) from ``minimum`` to ``maximum``."""
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamError(f"expected {what or _describe_int(minimum)}, got {show(value)}")
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f" at most {maximum:,}" if maximum is not None else ""
+            raise ParamError(f"expected {what or _describe_int(minimum)}{bound}, got {show(value)}")
+        return value
+
+    return check
+
+
+def number(minimum: float, maximum: float | None, *, open_min: bool, what: str) -> Callable[[Any], float]:
+    """A finite number above (``open_min``) or from ``minimum``, below ``maximum``; as a float."""
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ParamError(f"expected {what}, got {show(value)}")
+        v = float(value)
+        too_low = v <= minimum if open_min else v < minimum
+        too_high = maximum is not None and v >= maximum
+        if too_low or too_high or v != v or v in (float("inf"), float("-inf")):
+            raise ParamError(f"expected {what}, got {show(value)}")
+        return v
+
+    return check
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a closed list of strings (the check of ``Param.choices``)."""
+
+    options: tuple[str, ...]
+
+    def __call__(self, value: Any) -> str:
+        if not isinstance(value, str) or value not in self.options:
+            listed = ", ".join(f'"{o}"' for o in self.options)
+            raise ParamError(f"expected one of {listed}, got {show(value)}")
+        return value
+
+
+def boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ParamError(f"expected true or false, got {show(value)}")
+    return value
+
+
+def text(value: Any) -> str:
+    """Any string: the harness's check of ``framework``, whose choices each side knows (the
+    host: images/<name>/framework.toml; the harness: its adapters)."""
+    if not isinstance(value, str):
+        raise ParamError(f"expected a string, got {show(value)}")
+    return value
+
+
+def threads(value: Any) -> int | str:
+    if value == UNSET:
+        return UNSET
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
+        raise ParamError(f'expected a thread count from 1 to {MAX_THREADS} or "unset", got {show(value)}')
+    return value
+
+
+def cpuset(value: Any) -> str:
+    if not isinstance(value, str) or (value and not CPUSET.match(value)):
+        raise ParamError(f'expected a CPU list such as "0-3,6" (or "" for no pinning), got {show(value)}')
+    try:
+        parse_cpuset(value)
+    except ValueError as exc:  # a range that runs backwards
+        raise ParamError(str(exc)) from None
+    return value
+
+
+def variant(value: Any) -> str:
+    if not isinstance(value, str) or not _VARIANT.match(value):
+        raise ParamError(f"expected a variant name of lower-case letters, digits, '.', '_' or '-', got {show(value)}")
+    return value
+
+
+def memory(value: Any) -> int:
+    """Bytes, from an integer or a string such as "512m" / "2g" (binary units, as Docker's)."""
+    if isinstance(value, bool):
+        raise ParamError(f'expected a memory size such as "512m" or "2g" (0: no limit), got {show(value)}')
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and _MEMORY.match(value.strip()):
+        digits, unit = _MEMORY.match(value.strip()).groups()  # type: ignore[union-attr]
+        size = int(digits) * _UNITS[unit.lower()]
+    else:
+        raise ParamError(f'expected a memory size such as "512m" or "2g" (0: no limit), got {show(value)}')
+    if size != 0 and not MIN_MEMORY_LIMIT <= size <= 2**50:
+        raise ParamError(f"expected a memory limit from 6m to 1024t (0: no limit), got {show(value)}")
+    return size
+
+
+def shape(value: Any) -> list[int]:
+    if (not isinstance(value, list) or len(value) != 3
+            or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096 for v in value)):
+        raise ParamError(f"expected [channels, height, width], three integers from 1 to 4096, got {show(value)}")
+    return list(value)
+
+
+# --- the parameters ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    """One cell parameter.
+
+    ``check``: raw value -> canonical value, or ``ParamError``.  ``identity``: False for an
+    execution setting that does not change what is measured (left out of the cell id).
+    ``in_spec``: ``REQUIRED``, ``OPTIONAL`` or ``HOST_ONLY`` (how spec.json carries it).
+    """
+
+    name: str
+    check: Callable[[Any], Any]
+    default: Any
+    help: str
+    identity: bool = True
+    in_spec: str = REQUIRED
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The allowed values when they are a closed list, else ()."""
+        return self.check.options if isinstance(self.check, Choice) else ()
+
+
+# In the order the host lists them (matrix values, spec.json, ``matrun plan`` columns).
+PARAMS: dict[str, Param] = {p.name: p for p in (
+    Param("framework", text, "torch", "framework adapter"),
+    Param("variant", variant, "cpu", "environment variant of the framework (images/<framework>/requirements-<variant>.txt)"),
+    Param("device", Choice(DEVICES), "cpu", "device the cell runs on"),
+    Param("gpus", integer(1, 64), 1, "GPUs used by a gpu cell (single-host data parallel)"),
+    Param("workers", integer(1, MAX_WORKERS), 1,
+          "data-parallel worker processes on each host (DDP, MultiWorkerMirroredStrategy, MXNet dist "
+          "kvstore): over CPU processes on the CPU, one GPU each on the GPU", in_spec=OPTIONAL),
+    Param("nodes", integer(1, MAX_NODES), 1, "hosts of a multi-node cell (`workers` on each); > 1 runs only "
+                                             'with the slurm executor and [slurm] runtime = "local"',
+          in_spec=OPTIONAL),
+    Param("scaling", Choice(SCALINGS), "weak",
+          'weak: batch_size is per worker (the global batch grows with the workers); strong: batch_size '
+          "is the global batch, split across the workers", in_spec=OPTIONAL),
+    Param("kvstore", Choice(KVSTORES), "device",
+          "MXNet's gradient exchange: device (one process), dist_sync or dist_async (a parameter "
+          "server on the cell's host); null for other frameworks", in_spec=OPTIONAL),
+    Param("mode", Choice(MODES), "train", "train, or inference (forward passes only, timed per batch)"),
+    Param("model", Choice(tuple(MODELS)), "lenet5", "network (runner/harness/models.py)"),
+    Param("dataset", Choice(DATASETS), "fashion-mnist", "dataset"),
+    Param("synthetic_shape", shape, [1, 28, 28], "[C, H, W] of synthetic samples"),
+    Param("synthetic_classes", integer(2, 100_000), 10, "classes of synthetic data"),
+    Param("synthetic_train", integer(1, 10_000_000), 2048, "synthetic training samples"),
+    Param("synthetic_test", integer(1, 10_000_000), 512, "synthetic test samples"),
+    Param("train_limit", integer(0), 0, "use only the first N training samples (0: all)"),
+    Param("test_limit", integer(0), 0, "use only the first N test samples (0: all)"),
+    Param("epochs", integer(1, 100_000), 1, "training epochs (ignored when iterations > 0)"),
+    Param("iterations", integer(0, 100_000_000), 0, "train for exactly N optimizer steps (0: use epochs)"),
+    Param("batch_size", integer(1, 1_048_576), 64, "training batch size"),
+    Param("eval_batch_size", integer(1, 1_048_576), 1000, "evaluation batch size"),
+    Param("optimizer", Choice(OPTIMIZERS), "sgd", "optimizer"),
+    Param("lr", number(0.0, None, open_min=True, what="a positive learning rate"), 0.01, "learning rate"),
+    Param("momentum", number(0.0, 1.0, open_min=False, what="a momentum in [0, 1)"), 0.9, "SGD momentum"),
+    Param("weight_decay", number(0.0, None, open_min=False, what="a non-negative weight decay"), 0.0,
+          "weight decay"),
+    Param("warmup_steps", integer(0, 1_000_000), 5, "first steps recorded apart and excluded from throughput"),
+    Param("threads", threads, UNSET, 'intra-op threads (framework switch and OMP/MKL/OpenBLAS variables), or "unset"'),
+    Param("interop_threads", threads, UNSET, 'inter-op threads, or "unset"'),
+    Param("cpuset", cpuset, "", 'CPUs the cell is pinned to, e.g. "0-1" ("" : no pinning)'),
+    Param("memory_limit", memory, 0,
+          'memory limit of the cell\'s container, e.g. "2g" (swap included; over it the run is oom); '
+          "0: none.  Enforced by the docker executor", in_spec=HOST_ONLY),
+    Param("onednn", boolean, True, "oneDNN (MKL-DNN) primitives on or off"),
+    Param("layout", Choice(LAYOUTS), "nchw", "data layout of activations"),
+    Param("precision", Choice(PRECISIONS), "fp32", "fp32, tf32, bf16 or fp16 (mixed precision)"),
+    Param("conv_algo", Choice(CONV_ALGOS), "heuristic",
+          "convolution algorithm choice on the GPU: heuristic, or autotune (exhaustive search)"),
+    Param("layer_profile", boolean, False, "also time every layer's forward and backward pass"),
+    Param("preset", Choice(PRESETS), "none",
+          "framework-default: the optimizer, learning rate, batch size and epochs of the "
+          "framework's own official example for the dataset (docs/PRESETS.md)"),
+    Param("seed", integer(0, 2**31 - 1), 0, "random seed"),
+    Param("timeout", number(0.0, None, open_min=True, what="a positive number of seconds"), 1800.0,
+          "seconds before the cell is killed and recorded as timeout", identity=False, in_spec=HOST_ONLY),
+    Param("onednn_check", boolean, True,
+          "count the oneDNN primitives that really execute (a short verbose run before the cell)",
+          identity=False),
+)}
+
+
+# --- rules between keys ------------------------------------------------------------------
+
+
+def unused_keys(params: Mapping[str, Any]) -> set[str]:
+    """The keys a cell does not use, given its other values (docs/BUNDLE.md): the host sets
+    them to null, so that they leave the cell's identity, and the harness accepts null there.
+
+    ``synthetic_*`` unless the dataset is synthetic; the optimizer's keys and ``epochs`` in
+    inference; ``momentum`` for an optimizer other than SGD; ``epochs`` when ``iterations`` > 0;
+    ``gpus`` on the CPU; ``kvstore`` for a framework without a parameter server.
+    """
+    unused: set[str] = set()
+    iterations = params.get("iterations")
+    if isinstance(iterations, int) and not isinstance(iterations, bool) and iterations > 0:
+        unused.add("epochs")
+    if params.get("mode") == "inference":
+        unused |= {"optimizer", "lr", "momentum", "weight_decay", "epochs"}
+    elif params.get("optimizer") != "sgd":
+        unused.add("momentum")
+    if params.get("dataset") != SYNTHETIC:
+        unused |= {"synthetic_shape", "synthetic_classes", "synthetic_train", "synthetic_test"}
+    if params.get("device") == "cpu":
+        unused.add("gpus")
+    if params.get("framework") not in KVSTORE_FRAMEWORKS:
+        unused.add("kvstore")
+    return unused
+
+
+def first_problem(params: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first key of spec.json's ``params`` that fails its check, with the problem, or None.
+
+    Every ``REQUIRED`` key must be there; an ``OPTIONAL`` one is checked when present; null
+    passes for an unused key (``unused_keys``); ``HOST_ONLY`` keys and keys this harness does
+    not know are ignored.  The values are checked, not changed.
+    """
+    unused = unused_keys(params)
+    ordered = sorted((p for p in PARAMS.values() if p.in_spec != HOST_ONLY), key=lambda p: p.in_spec == OPTIONAL)
+    for param in ordered:
+        if param.name not in params:
+            if param.in_spec == REQUIRED:
+                return param.name, "is missing"
+            continue
+        value = params[param.name]
+        if value is None and param.name in unused:
+            continue
+        try:
+            param.check(value)
+        except ParamError as exc:
+            return param.name, str(exc)
+    return None
+
+
+def input_shape(params: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """The (C, H, W) the cell's dataset will have, or None when it is not known before loading."""
+    if params["dataset"] == SYNTHETIC:
+        return tuple(params["synthetic_shape"])  # type: ignore[return-value]
+    return IDX_SHAPES.get(params["dataset"])
+
+
+def model_problem(params: Mapping[str, Any]) -> str | None:
+    """``"[params -> key] ..."`` when the model cannot take the dataset's input size, else None."""
+    size = input_shape(params)
+    if size is None:
+        return None
+    try:
+        for _ in walk(params["model"], size, 2):
+            pass
+    except ValueError as exc:
+        key = "synthetic_shape" if params["dataset"] == SYNTHETIC else "model"
+        return f"[params -> {key}] {exc}"
+    return None
+
+
+def layer_profile_problem(params: Mapping[str, Any]) -> str | None:
+    """Why ``layer_profile`` cannot time the model's layers one by one (a network with residual
+    blocks), as the words after the key, or None."""
+    if params["layer_profile"] and params["model"] not in sequential_models():
+        return f"needs a sequential network ({', '.join(sequential_models())}), not {params['model']}"
+    return None

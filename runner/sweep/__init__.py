@@ -1,0 +1,16 @@
+"""The sweep: plan what is not done yet, run it through an executor, ingest each run.
+
+Modules:
+
+- ``records``: what both sweep loops share — a run's directory and ``spec.json``
+  (``prepare_run``), its ``result.json`` (``write_result``, also used by Slurm tasks), the host
+  (``host_info``), ingesting without failing the sweep (``ingest_quietly``), the sweep's lock
+  (``sweep_lock``), ``SweepEvent`` and ``SweepSummary``.  Imports ``runner.executors.protocol``,
+  ``runner.planning``, ``matrun.warehouse`` (bundles; ``ingest`` inside ``ingest_quietly``).
+- ``run``: ``run_sweep`` and its synchronous loop; an asynchronous executor's runs go to
+  ``runner/slurm/loop.py``.  Imports ``records``, ``runner.executors``, ``runner.planning``,
+  ``runner.slurm.loop``, ``matrun.warehouse.ingest``.
+
+Nothing here imports the CLI.  ``records`` imports no executor implementation and nothing of
+``runner.slurm`` (which imports it).
+"""
