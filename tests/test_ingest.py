@@ -420,3 +420,15 @@ def test_hundred_bundles_of_a_thousand_steps(tmp_path: Path) -> None:
                     "FROM runs") == [(100, 6400.0, 6400.0)]
     assert rows(wh, "SELECT count(*) FROM (SELECT run_id FROM steps GROUP BY run_id "
                     "HAVING count(*) = 1000 AND max(step) = 999)") == [(100,)]
+
+
+def test_the_harness_writes_the_file_names_the_bundle_layout_declares():
+    # The harness cannot import warehouse/bundles/layout.py (stdlib + framework only): the names
+    # it writes are checked against the layout here instead.
+    import inspect
+
+    from matrun.runner.harness import cell, launch
+    from matrun.warehouse.bundles import layout
+
+    assert (launch.STDOUT_LOG, launch.STDERR_LOG) == (layout.STDOUT, layout.STDERR)
+    assert f'out_dir / "{layout.EVENTS}"' in inspect.getsource(cell.run_cell)

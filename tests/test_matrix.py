@@ -337,7 +337,7 @@ def test_memory_limits_are_bytes_and_spellings_of_one_limit_are_one_value(tmp_pa
 
 
 def test_the_hosts_registry_is_the_harness_declaration():
-    from matrun.frameworks import frameworks
+    from matrun.frameworks import default_framework, frameworks
     from matrun.runner.harness import spec
     from matrun.runner.planning.params import PARAMS
 
@@ -345,9 +345,11 @@ def test_the_hosts_registry_is_the_harness_declaration():
     for name, param in PARAMS.items():
         if name != "framework":
             assert param is spec.PARAMS[name]
-    # the host adds only what it knows: the frameworks it can build
+    # the host adds only what it knows: the frameworks it can build, and the default one
+    # (the framework.toml that says default = true); spec.json always names it
     assert PARAMS["framework"].choices == tuple(frameworks())
-    assert PARAMS["framework"].default == spec.PARAMS["framework"].default
+    assert PARAMS["framework"].default == default_framework() == "torch"
+    assert spec.PARAMS["framework"].default == ""
     assert spec.PARAMS["dataset"].choices == ("fashion-mnist", "mnist", "cifar10", "synthetic")
 
 

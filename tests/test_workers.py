@@ -92,7 +92,7 @@ def test_hostile_values_are_refused_with_the_key_path(key, value, words):
 
 
 def test_combinations_that_cannot_run_are_refused_at_plan_time():
-    assert "kvstore is MXNet's" in refusal({"framework": "torch", "kvstore": "dist_sync"})
+    assert "kvstore is the parameter-server choice of MXNet;" in refusal({"framework": "torch", "kvstore": "dist_sync"})
     assert 'needs kvstore = "dist_sync" or "dist_async"' in refusal({"framework": "mxnet", "workers": 2})
     assert "must be a multiple of workers × nodes" in refusal({"workers": 2, "batch_size": 33, "scaling": "strong"})
     assert "a multi-worker cell trains" in refusal({"workers": 2, "mode": "inference"})

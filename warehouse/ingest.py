@@ -18,6 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from matrun.errors import BundleError, InputError, WarehouseError
+from matrun.warehouse.bundles.layout import EVENTS
 from matrun.warehouse.bundles.read import BadBundle, Bundle, BundleIncomplete, find_bundles, load_bundle
 from matrun.warehouse.db import open_warehouse
 
@@ -220,7 +221,7 @@ def _runs_table(bundles: list[Bundle]) -> pa.Table:
             "monitor": _json(result.get("monitor")),
             "harness_version": _text(b.header.get("harness_version")),
             "mismatches": None if b.probe is None else b.probe.get("mismatches", []),
-            "events_truncated": any(w.startswith("events.jsonl") for w in b.warnings),
+            "events_truncated": any(w.startswith(EVENTS) for w in b.warnings),
             "bundle_path": str(b.path), "bundle_digest": b.digest,
             **_image_columns(result.get("image")),
         }

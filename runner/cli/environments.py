@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from matrun.errors import InputError
-from matrun.frameworks import get_framework
+from matrun.frameworks import default_framework, get_framework
 from matrun.runner.cli.common import MatrixArg, WarehouseOpt, app, command, err, group, out, resolve_warehouse
 from matrun.runner.environments import engine
 from matrun.runner.environments.builds import build_images
@@ -67,7 +67,7 @@ def _default_ca_bundle() -> Optional[Path]:
 def _parse_image(text: str) -> tuple[str, str]:
     framework, sep, variant = text.partition(":")
     if not sep or not framework or not variant:
-        raise InputError(f"--image {text!r}: expected FRAMEWORK:VARIANT, e.g. torch:cpu")
+        raise InputError(f"--image {text!r}: expected FRAMEWORK:VARIANT, e.g. {default_framework()}:cpu")
     get_framework(framework).variant(variant)  # unknown names: a clear InputError
     return framework, variant
 

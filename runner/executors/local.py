@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from matrun.frameworks import get_framework
+from matrun.frameworks import get_framework, host_env_prefixes
 from matrun.runner.environments.home import stage_harness
 from matrun.runner.environments.venvs import ensure_env, env_spec
 from matrun.runner.executors.monitor import Monitor
@@ -29,10 +29,10 @@ from matrun.runner.harness.launch import child_setup
 from matrun.runner.harness.cpusets import parse_cpuset as cpuset_cpus
 from matrun.warehouse.bundles.layout import MONITOR, SPEC, STDERR, STDOUT
 
-# Host variables that would change what runs in the cell; the cell gets only what we set.
+# Host variables that would change what runs in the cell; the cell gets only what we set.  The
+# frameworks' own prefixes are data: framework.toml [env] host_prefixes.
 _DROP_PREFIXES = ("PYTHON", "VIRTUAL_ENV", "CONDA", "KMP_", "GOMP_", "MKL_", "DNNL_", "ONEDNN_",
-                  "TF_", "MXNET_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
-                  "DMLC_", "GLOO_", "NCCL_")
+                  "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", *host_env_prefixes())
 # ... and the rendezvous of distributed training (a multi-worker cell's launcher sets its own)
 _DROP_NAMES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                "NUMEXPR_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES",

@@ -102,11 +102,11 @@ def worker_plan(params: Mapping[str, Any], *, run_dir: Path, ports: list[int], n
     values = _host_values(rdv, peers, node_rank, local, world) if rdv else {}
     if rdv and rdv.parameter_servers and node_rank == 0:  # the scheduler and the servers: node 0 only
         port = rdv.port(me["ports"], "rendezvous", 0, local)
-        processes.append(_ps_process("scheduler", 0, run_dir, rdv.environment(
+        processes.append(_ps_process("scheduler", 0, run_dir, rdv.server_code, rdv.environment(
             "scheduler", {**values, "rank": 0, "local_rank": 0, "port": port})))
         for i in range(rdv.parameter_servers):
             port = rdv.port(me["ports"], "servers", i, local)
-            processes.append(_ps_process("server", i, run_dir, rdv.environment(
+            processes.append(_ps_process("server", i, run_dir, rdv.server_code, rdv.environment(
                 "server", {**values, "rank": i, "local_rank": i, "port": port})))
     for local_rank in range(local):
         rank = node_rank * local + local_rank
@@ -156,8 +156,9 @@ def _host_values(workers: Workers, peers: Sequence[Mapping[str, Any]], node_rank
     return values
 
 
-def _ps_process(role: str, index: int, run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
-    return {"role": role, "rank": index, "local_rank": index, "cpus": [],
+def _ps_process(role: str, index: int, run_dir: Path, code: str, env: dict[str, str]) -> dict[str, Any]:
+    # ``code``: the framework's own server program (framework.toml [workers] server_code)
+    return {"role": role, "rank": index, "local_rank": index, "cpus": [], "code": code,
             "out": str(run_dir / WORKERS_DIR / f"{role}-{index}"), "env": env}
 
 

@@ -22,6 +22,6 @@ networks; the host builds its own registries from these modules.
 
 Imports: the standard library, its own modules and, inside an adapter, the framework
 (threadpoolctl when present).  Nothing else of matrun: the host stages this folder alone
-onto the cell's ``PYTHONPATH`` (``runner/environments/venvs.py``).  This file imports
+onto the cell's ``PYTHONPATH`` (``runner/environments/home.py``).  This file imports
 nothing, so that importing one module of the harness imports only what that module needs.
 """

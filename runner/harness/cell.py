@@ -107,6 +107,7 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # the bundle's file names: warehouse/bundles/layout.py (the harness cannot import it)
     with EventLog(out_dir / "events.jsonl", warmup_steps=params["warmup_steps"], started=started,
                   harness_version=HARNESS_VERSION) as log:
         adapter.configure(params)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .cpusets import format_cpuset, parse_cpuset
-from .spec import KVSTORE_FRAMEWORKS, UNSET
+from .spec import UNSET
 
 DIST_KVSTORES = ("dist_sync", "dist_async")  # the kvstores with a parameter server
 LOOPBACK = "127.0.0.1"
@@ -63,8 +63,9 @@ def world_size(params: Mapping[str, Any]) -> int:
 
 
 def dist_kvstore(params: Mapping[str, Any]) -> bool:
-    """An MXNet cell with a parameter server (scheduler and server processes of its own)."""
-    return params.get("framework") in KVSTORE_FRAMEWORKS and params.get("kvstore") in DIST_KVSTORES
+    """A cell with a parameter server (scheduler and server processes of its own): the host
+    leaves ``kvstore`` null for frameworks without one (framework.toml ``[workers]``)."""
+    return params.get("kvstore") in DIST_KVSTORES
 
 
 def multi_process(params: Mapping[str, Any]) -> bool:

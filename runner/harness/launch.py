@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"
+STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"  # as warehouse/bundles/layout.py names them
 PS_GRACE_S = 20.0
 STOP_GRACE_S = 5.0
 _POLL_S = 0.05
@@ -79,13 +79,15 @@ def interfaces() -> list[str]:
     return sorted(name for _, name in socket.if_nameindex())
 
 
-def command(role: str, spec: Path) -> list[str]:
-    """The command line of a process of ``role``, with the launcher's own Python."""
+def command(role: str, spec: Path, code: str = "") -> list[str]:
+    """The command line of a process of ``role``, with the launcher's own Python.  A
+    parameter-server process runs the framework's ``code`` from the plan (framework.toml
+    ``[workers] server_code``: for MXNet, importing it runs the role its variables name)."""
     if role == "worker":
         return [sys.executable, "-m", "matrun.runner.harness", "--spec", str(spec), "--out", "{out}"]
-    if role in ("server", "scheduler"):  # MXNet's parameter server: importing mxnet runs the role
-        return [sys.executable, "-c", "import mxnet"]
-    raise LaunchError(f"unknown process role {role!r} in the plan")
+    if role in ("server", "scheduler") and code:
+        return [sys.executable, "-c", code]
+    raise LaunchError(f"unknown process role {role!r} (or a server without code) in the plan")
 
 
 def child_setup(cpus: Iterable[int]) -> Callable[[], None]:
@@ -161,7 +163,7 @@ def run(plan_path: Path, spec_path: Path) -> int:
 def _start(entry: dict[str, Any], spec: Path) -> _Proc:
     out = Path(entry["out"])
     out.mkdir(parents=True, exist_ok=True)
-    argv = [part.replace("{out}", str(out)) for part in command(entry["role"], spec)]
+    argv = [part.replace("{out}", str(out)) for part in command(entry["role"], spec, entry.get("code", ""))]
     env = {**os.environ, **{k: str(v) for k, v in entry.get("env", {}).items()}}
     files: list[Any] = []
     if entry["role"] == "worker" and entry["rank"] == 0:

@@ -33,7 +33,6 @@ CONV_ALGOS = ("heuristic", "autotune")
 PRESETS = ("none", "framework-default")
 SCALINGS = ("weak", "strong")
 KVSTORES = ("device", "dist_sync", "dist_async")
-KVSTORE_FRAMEWORKS = ("mxnet",)  # the frameworks whose gradient exchange ``kvstore`` chooses
 
 MAX_THREADS = 1024
 MAX_WORKERS = 256
@@ -202,13 +201,16 @@ class Param:
 
 # In the order the host lists them (matrix values, spec.json, ``matrun plan`` columns).
 PARAMS: dict[str, Param] = {p.name: p for p in (
-    Param("framework", text, "torch", "framework adapter"),
+    # The host's default is the framework.toml that says ``default = true`` (the harness cannot
+    # read images/; spec.json always names the framework).
+    Param("framework", text, "", "framework adapter (runner/harness/adapters/<framework>.py)"),
     Param("variant", variant, "cpu", "environment variant of the framework (images/<framework>/requirements-<variant>.txt)"),
     Param("device", Choice(DEVICES), "cpu", "device the cell runs on"),
     Param("gpus", integer(1, 64), 1, "GPUs used by a gpu cell (single-host data parallel)"),
     Param("workers", integer(1, MAX_WORKERS), 1,
-          "data-parallel worker processes on each host (DDP, MultiWorkerMirroredStrategy, MXNet dist "
-          "kvstore): over CPU processes on the CPU, one GPU each on the GPU", in_spec=OPTIONAL),
+          "data-parallel worker processes on each host (each framework's own mechanism: "
+          "docs/frameworks/<framework>.md): over CPU processes on the CPU, one GPU each on the GPU",
+          in_spec=OPTIONAL),
     Param("nodes", integer(1, MAX_NODES), 1, "hosts of a multi-node cell (`workers` on each); > 1 runs only "
                                              'with the slurm executor and [slurm] runtime = "local"',
           in_spec=OPTIONAL),
@@ -216,8 +218,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
           'weak: batch_size is per worker (the global batch grows with the workers); strong: batch_size '
           "is the global batch, split across the workers", in_spec=OPTIONAL),
     Param("kvstore", Choice(KVSTORES), "device",
-          "MXNet's gradient exchange: device (one process), dist_sync or dist_async (a parameter "
-          "server on the cell's host); null for other frameworks", in_spec=OPTIONAL),
+          "gradient exchange of a framework with parameter servers (framework.toml [workers]): device "
+          "(one process), dist_sync or dist_async (a parameter server on the cell's host); null for "
+          "other frameworks", in_spec=OPTIONAL),
     Param("mode", Choice(MODES), "train", "train, or inference (forward passes only, timed per batch)"),
     Param("model", Choice(tuple(MODELS)), "lenet5", "network (runner/harness/models.py)"),
     Param("dataset", Choice(DATASETS), "fashion-mnist", "dataset"),
@@ -264,13 +267,16 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
 # --- rules between keys ------------------------------------------------------------------
 
 
-def unused_keys(params: Mapping[str, Any]) -> set[str]:
+def unused_keys(params: Mapping[str, Any], *, parameter_servers: bool | None = None) -> set[str]:
     """The keys a cell does not use, given its other values (docs/BUNDLE.md): the host sets
     them to null, so that they leave the cell's identity, and the harness accepts null there.
 
     ``synthetic_*`` unless the dataset is synthetic; the optimizer's keys and ``epochs`` in
     inference; ``momentum`` for an optimizer other than SGD; ``epochs`` when ``iterations`` > 0;
     ``gpus`` on the CPU; ``kvstore`` for a framework without a parameter server.
+    ``parameter_servers``: whether the cell's framework has them (framework.toml ``[workers]``,
+    which the host reads); None in the cell, which cannot read it: there a null ``kvstore`` is
+    the host's word that the framework has none.
     """
     unused: set[str] = set()
     iterations = params.get("iterations")
@@ -284,7 +290,7 @@ def unused_keys(params: Mapping[str, Any]) -> set[str]:
         unused |= {"synthetic_shape", "synthetic_classes", "synthetic_train", "synthetic_test"}
     if params.get("device") == "cpu":
         unused.add("gpus")
-    if params.get("framework") not in KVSTORE_FRAMEWORKS:
+    if not parameter_servers if parameter_servers is not None else params.get("kvstore") is None:
         unused.add("kvstore")
     return unused
 

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
 from matrun.errors import MatrixError
-from matrun.frameworks import get_framework
+from matrun.frameworks import display_name, get_framework, parameter_server_frameworks
 from matrun.runner.harness.spec import layer_profile_problem, unused_keys
 from matrun.runner.planning.params import PARAMS, ParamError, plain, show
 from matrun.runner.planning.presets import apply_preset
@@ -53,7 +53,7 @@ class CellParams:
         """The parameters that define what is measured: execution settings, unused (null)
         keys and keys at their default are left out, so a parameter added to matrun later
         does not change the id of any existing cell.  Changing a default is therefore a
-        change of the harness protocol (runner/environments/venvs.py HARNESS_PROTOCOL)."""
+        change of the harness protocol (runner/environments/home.py HARNESS_PROTOCOL)."""
         return {k: v for k, v in self.values.items()
                 if PARAMS[k].identity and v is not None and v != PARAMS[k].default}
 
@@ -164,7 +164,7 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
     """Null what a cell does not use (``unused_keys``, so identity ignores meaningless
     differences) and refuse what cannot run as asked."""
     out = dict(values)
-    unused = unused_keys(out)
+    unused = unused_keys(out, parameter_servers=out["framework"] in parameter_server_frameworks())
     if out["device"] == "cpu" and out["conv_algo"] == "autotune":
         raise ParamError("conv_algo = \"autotune\" needs device = \"gpu\" (it selects cuDNN convolution algorithms)")
     _canonical_workers(out, unused)  # reads kvstore as written: before the nulls
@@ -196,10 +196,11 @@ def _canonical_workers(out: dict[str, Any], unused: set[str]) -> None:
     world = out["workers"] * out["nodes"]
     if "kvstore" in unused:
         if out["kvstore"] != "device":
-            raise ParamError(f"kvstore is MXNet's parameter-server choice; {out['framework']} exchanges "
-                             "gradients synchronously (all-reduce): leave kvstore out")
+            owners = " and ".join(display_name(fw) for fw in parameter_server_frameworks()) or "no framework"
+            raise ParamError(f"kvstore is the parameter-server choice of {owners}; {out['framework']} "
+                             "exchanges gradients synchronously (all-reduce): leave kvstore out")
     elif world > 1 and out["kvstore"] == "device":
-        raise ParamError(f"an MXNet cell with {world} workers needs kvstore = \"dist_sync\" or "
+        raise ParamError(f"{display_name(out['framework'])} with {world} workers needs kvstore = \"dist_sync\" or "
                          "\"dist_async\" (a parameter server); \"device\" is one process")
     multi = world > 1 or out["kvstore"] in ("dist_sync", "dist_async")
     if multi and out["mode"] != "train":

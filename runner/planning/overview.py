@@ -11,6 +11,7 @@ from matrun.runner.planning.identity import plan_cells
 from matrun.runner.planning.matrix import load_matrix
 from matrun.runner.planning.params import as_text
 from matrun.runner.planning.selection import parse_where, select
+from matrun.warehouse.bundles.layout import RESULT
 
 
 def plan_rows(*, matrix_path: Path, where: Sequence[str] = ()) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -70,7 +71,7 @@ def _incomplete(sweep_dir: Path) -> dict[str, int]:
     found: dict[str, int] = {}
     if sweep_dir.is_dir():
         for spec in sweep_dir.glob("*/*/spec.json"):
-            if not (spec.parent / "result.json").exists():
+            if not (spec.parent / RESULT).exists():
                 cell = spec.parent.parent.name
                 found[cell] = found.get(cell, 0) + 1
     return found

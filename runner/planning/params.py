@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from matrun.frameworks import frameworks
+from matrun.frameworks import default_framework, frameworks
 from matrun.runner.harness.spec import PARAMS as CELL_PARAMS
 from matrun.runner.harness.spec import Choice, Param
 from matrun.runner.harness.spec import ParamError, show  # noqa: F401  (re-exported: the host's checks raise it)
@@ -24,7 +24,8 @@ from matrun.runner.harness.spec import ParamError, show  # noqa: F401  (re-expor
 FRAMEWORKS = tuple(frameworks())
 
 PARAMS: dict[str, Param] = {
-    **CELL_PARAMS, "framework": replace(CELL_PARAMS["framework"], check=Choice(FRAMEWORKS)),
+    **CELL_PARAMS,
+    "framework": replace(CELL_PARAMS["framework"], check=Choice(FRAMEWORKS), default=default_framework()),
 }
 
 

@@ -82,6 +82,8 @@ class Workers:
     server processes before the workers (0: the workers alone).
     ``binds_every_interface``: why the framework's servers need a private network namespace
     under the local executor (they listen on every interface), or None.
+    ``server_code``: the Python source the scheduler and server processes run (``python -c``;
+    required with parameter servers, e.g. ``import mxnet``, whose import runs the role).
     ``env``: per ``ENV_ROLES`` table, variable -> template: a ``str.format`` string over
     ``PLACEHOLDERS``, or ``{"json": value}`` whose strings are templates (one that is exactly
     ``"{name}"`` takes the value itself: a number, a list), written as compact JSON.
@@ -91,6 +93,7 @@ class Workers:
     parameter_servers: int = 0
     binds_every_interface: str | None = None
     env: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    server_code: str = ""
 
     def ports_needed(self, local: int) -> int:
         """Ports each host of a cell with ``local`` workers per host listens on."""
@@ -146,7 +149,8 @@ class Framework:
     ``host_prefixes``: prefixes of the variables the framework reads (a host's own are dropped).
     ``presets``: dataset family -> the parameters of the framework's official example.
     ``defaults``: parameter -> the value that is the framework's own behaviour when told
-    nothing (``layout``; ``conv_algo`` on the GPU).  ``builtin_blas``: the BLAS the probe
+    nothing (``layout``; ``conv_algo`` on the GPU).  ``default``: the framework of a cell
+    that names none (exactly one framework says so).  ``builtin_blas``: the BLAS the probe
     reports when no BLAS library is loaded (the framework's dense kernels are its own).
     """
 
@@ -164,6 +168,7 @@ class Framework:
     defaults: Mapping[str, str] = field(default_factory=dict)
     builtin_blas: str | None = None
     workers: Workers = field(default_factory=Workers)
+    default: bool = False
 
     def variant(self, name: str) -> Variant:
         try:
@@ -228,6 +233,22 @@ def host_env_prefixes() -> tuple[str, ...]:
     return tuple(sorted({p for fw in frameworks().values() for p in fw.host_prefixes}))
 
 
+def default_framework() -> str:
+    """The framework of a cell that names none: the one whose framework.toml says
+    ``default = true``."""
+    chosen = [fw.name for fw in frameworks().values() if fw.default]
+    if len(chosen) != 1:
+        raise InputError(f"exactly one images/*/framework.toml must say default = true; "
+                         f"{', '.join(chosen) or 'none'} do")
+    return chosen[0]
+
+
+def parameter_server_frameworks() -> tuple[str, ...]:
+    """The frameworks whose gradient exchange the ``kvstore`` parameter chooses (their
+    ``[workers] parameter_servers`` > 0)."""
+    return tuple(fw.name for fw in frameworks().values() if fw.workers.parameter_servers)
+
+
 def display_name(name: str) -> str:
     """How prose names a framework (its ``display_name``); an unknown one by its value."""
     fw = frameworks().get(name)
@@ -236,11 +257,11 @@ def display_name(name: str) -> str:
 
 # --- reading framework.toml --------------------------------------------------------------------
 
-_TOP_KEYS = ("name", "display_name", "import_check", "builtin_blas", "env", "unsupported", "defaults",
+_TOP_KEYS = ("name", "display_name", "default", "import_check", "builtin_blas", "env", "unsupported", "defaults",
              "presets", "workers", "variants")
 _ENV_KEYS = ("threads", "interop_threads", "onednn", "fixed", "host_prefixes")
 _DEFAULT_KEYS = ("layout", "conv_algo")
-_WORKER_KEYS = ("ports", "parameter_servers", "binds_every_interface", "env")
+_WORKER_KEYS = ("ports", "parameter_servers", "server_code", "binds_every_interface", "env")
 _VARIANT_KEYS = ("dockerfile", "requirements", "build_args", "base_image", "device", "promises",
                  "promises_onednn_off", "description")
 
@@ -296,6 +317,7 @@ def _parse(folder: str, doc: dict[str, Any]) -> Framework:
     return Framework(
         name=name,
         display_name=_text(file, "display_name", doc.get("display_name", name)),
+        default=_flag(file, "default", doc.get("default", False)),
         import_check=_text(file, "import_check", doc["import_check"]),
         thread_vars=_texts(f"{file} [env]", "threads", env.get("threads", [])),
         interop_vars=_texts(f"{file} [env]", "interop_threads", env.get("interop_threads", [])),
@@ -310,6 +332,12 @@ def _parse(folder: str, doc: dict[str, Any]) -> Framework:
         builtin_blas=None if builtin_blas is None else _text(file, "builtin_blas", builtin_blas),
         workers=_parse_workers(file, doc.get("workers", {})),
     )
+
+
+def _flag(file: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{file}: {key} must be true or false, got {value!r}")
+    return value
 
 
 def _parse_unsupported(file: str, rules: Any) -> tuple[Unsupported, ...]:
@@ -352,6 +380,10 @@ def _parse_workers(file: str, doc: Any) -> Workers:
         raise InputError(f"{where}: parameter servers need the ports \"rendezvous\" (the scheduler) and "
                          "\"servers\", and those ports need parameter_servers > 0")
     reason = doc.get("binds_every_interface")
+    code = _text(where, "server_code", doc.get("server_code", ""))
+    if bool(servers) != bool(code.strip()):
+        raise InputError(f"{where}: server_code (what the scheduler and servers run) is needed exactly "
+                         "when parameter_servers > 0")
     env_doc = _keys(f"{file} [workers.env]", doc.get("env", {}), ENV_ROLES)
     roles = {"all", "worker"} | ({"scheduler", "server"} if servers else set())
     env: dict[str, dict[str, Any]] = {}
@@ -366,7 +398,7 @@ def _parse_workers(file: str, doc: Any) -> Workers:
         env[role] = dict(table)
     return Workers(ports=ports, parameter_servers=servers,
                    binds_every_interface=None if reason is None else _text(where, "binds_every_interface", reason),
-                   env=env)
+                   env=env, server_code=code)
 
 
 def _check_template(where: str, var: str, template: Any, role: str, ports: tuple[str, ...]) -> None:
