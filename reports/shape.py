@@ -55,20 +55,25 @@ def label_parts(rows: Sequence[Mapping[str, Any]], params: Sequence[str],
     With few varying parameters every one is shown (``threads=2 · batch_size=64``).  With
     more than ``MAX_FULL_LABEL_PARAMS`` a label shows a parameter only where its value is
     not the most common one, so a broad sweep reads ``threads=4`` rather than thirteen
-    parameters; ``always`` (and framework, model, dataset when they vary) stay.  Two rows
-    with different values still get different labels: wherever they differ, at least
-    one of them has an uncommon value and shows it.
+    parameters; ``always`` (and framework, model, dataset when they vary) stay.  A null
+    value (a parameter the cell does not use: ``gpus`` on a CPU cell) is never shown, and
+    counts as the common value of a parameter that some rows leave null.  Two rows with
+    different values still get different labels: wherever they differ, at least one of
+    them has a value that is neither null nor the common one, and shows it.
     """
     compact = len(params) > MAX_FULL_LABEL_PARAMS
-    common: dict[str, str] = {}
+    common: dict[str, str | None] = {}
     if compact:
         for p in params:
-            values = [_value(r.get(p)) for r in rows]
-            common[p] = max(dict.fromkeys(values), key=values.count)
+            values = [r.get(p) for r in rows]
+            texts = [_value(v) for v in values if v is not None]
+            common[p] = None if len(texts) < len(values) else max(dict.fromkeys(texts), key=texts.count)
     out = []
     for r in rows:
         parts = []
         for p in params:
+            if r.get(p) is None:
+                continue
             shown = _value(r.get(p))
             if compact and p not in _BARE and p not in always and shown == common[p]:
                 continue

@@ -226,7 +226,9 @@ def run_cell(executor: DockerExecutor, tmp_path: Path, p: dict, *, timeout: floa
 
 
 def containers_of(client, sweep: str) -> list:
-    return client.containers.list(all=True, filters={"label": f"matrun.sweep={sweep}"})
+    # sparse: the list as the engine gives it, without inspecting each container (one removed in
+    # between would raise NotFound)
+    return client.containers.list(all=True, sparse=True, filters={"label": f"matrun.sweep={sweep}"})
 
 
 def events(run_dir: Path) -> list[dict]:

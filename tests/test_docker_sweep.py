@@ -48,7 +48,9 @@ def write_matrix(tmp_path: Path, body: str, name: str | None = None) -> str:
 
 
 def containers_of(client, sweep: str) -> list:
-    return client.containers.list(all=True, filters={"label": f"matrun.sweep={sweep}"})
+    # sparse: the list as the engine gives it, without inspecting each container (one removed in
+    # between would raise NotFound)
+    return client.containers.list(all=True, sparse=True, filters={"label": f"matrun.sweep={sweep}"})
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import typer.main
+from typer.testing import CliRunner
 
 from matrun.runner.cli.main import app
 from matrun.runner.planning.params import PARAMS
@@ -27,6 +28,36 @@ def test_every_command_has_help_and_every_option_too():
         for param in cmd.params:
             if param.param_type_name == "option" and param.name != "help":
                 assert getattr(param, "help", None), f"matrun {name} {param.opts[0]} has no help text"
+
+
+def _command_paths(group=None, prefix=()):
+    """Every command and group as the words that name it: (), ("plan",), ("data",), ("data", "import"), …"""
+    group = group or typer.main.get_command(app)
+    yield prefix
+    for name, cmd in getattr(group, "commands", {}).items():
+        yield from _command_paths(cmd, (*prefix, name))
+
+
+# What Typer (``<str>``, ``--force <bool>``) or Click (``TEXT``, ``INTEGER``) writes for a
+# value whose option or argument names no metavar.
+RAW_TYPE = re.compile(r"<[a-z][\w\[\], |]*>|\b(TEXT|INTEGER|FLOAT|BOOLEAN|PATH|FILENAME|DIRECTORY)\b")
+
+
+def test_help_names_every_value_in_words():
+    runner = CliRunner()
+    paths = list(_command_paths())
+    assert ("data", "import") in paths and ("query",) in paths
+    for words in paths:
+        result = runner.invoke(app, [*words, "--help"], env={"COLUMNS": "250"})
+        assert result.exit_code == 0, (words, result.output)
+        raw = [m.group() for m in RAW_TYPE.finditer(result.output)]
+        assert not raw, f"matrun {' '.join(words)} --help shows {raw}:\n{result.output}"
+    query = runner.invoke(app, ["query", "--help"], env={"COLUMNS": "250"}).output
+    assert re.search(r"Usage: matrun query \[OPTIONS\] \{?SQL\}?", query)
+    assert re.search(r"--warehouse +FILE ", query) and re.search(r"--format +-f +FORMAT ", query)
+    assert re.search(r"--help +Show this message", query)
+    sweep = runner.invoke(app, ["sweep", "--help"], env={"COLUMNS": "250"}).output
+    assert re.search(r"--where +-w +KEY=V\[,V…\] ", sweep) and re.search(r"--force +Run again", sweep)
 
 
 def test_every_command_is_documented():

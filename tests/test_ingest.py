@@ -6,9 +6,14 @@ Bundles come from bundle_factory (events.jsonl of a default bundle: line 1 heade
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import duckdb
 import pytest
@@ -17,8 +22,8 @@ import matrun.warehouse.bundles.read as bundles_module
 import matrun.warehouse.ingest as ingest_module
 from bundle_factory import make_bundle, read_json
 from matrun.errors import InputError, WarehouseError
-from matrun.warehouse.bundles.read import BadBundle, BundleIncomplete, find_bundles, load_bundle
-from matrun.warehouse.db import open_warehouse
+from matrun.warehouse.bundles.read import BadBundle, Bundle, BundleIncomplete, find_bundles, load_bundle
+from matrun.warehouse.db import open_warehouse, shown
 from matrun.warehouse.ingest import IngestReport, ingest
 
 TABLES = ("runs", "steps", "epochs", "monitor_samples")
@@ -349,6 +354,136 @@ def test_report_summary() -> None:
                           skipped=[(Path("/r/c/0-1"), "result.json: is not a JSON object")],
                           incomplete=[Path("/r/d/0-1")])
     assert report.summary() == "ingested 2 run(s), 1 unchanged, 1 skipped, 1 incomplete"
+    assert report.counts == {"ingested": 2, "unchanged": 1, "skipped": 1, "incomplete": 1}
+    assert not report.clean
+    assert IngestReport(ingested=[Path("/r/a/0-1")], incomplete=[Path("/r/d/0-1")]).clean
+
+
+# -- one bad bundle never stops the others --------------------------------------------------
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# What a bundle may hold once read (whatever bundles.read lets through, now or later) that
+# no warehouse column can: each is put into the loaded bundle, so these test ingest alone.
+HOSTILE: dict[str, tuple[Callable[[Bundle], None], str]] = {
+    "exit code 10^30": (
+        lambda b: b.result.update(exit_code=10**30),
+        "cannot be stored: runs.exit_code: 1000000000000000000000000000000 does not fit its type "
+        "int32 (OverflowError)"),
+    "exit code 3e9": (
+        lambda b: b.result.update(exit_code=3 * 10**9),
+        "cannot be stored: runs.exit_code: 3000000000 does not fit its type int32 (ArrowInvalid)"),
+    "repeat 3e9": (
+        lambda b: setattr(b, "key", dataclasses.replace(b.key, repeat=3 * 10**9)),
+        "cannot be stored: runs.repeat: 3000000000 does not fit its type int32 (ArrowInvalid)"),
+    "params nested 100,000 deep": (
+        lambda b: b.spec["params"].update(deep=_nested(100_000)),
+        "cannot be stored: runs.params: nested too deeply (RecursionError)"),
+    "step images 2^40": (
+        lambda b: b.steps[0].update(images=2**40),
+        "cannot be stored: steps.images: 1099511627776 does not fit its type int32 (ArrowInvalid)"),
+    "step seconds a string": (
+        lambda b: b.steps[0].update(seconds="fast"),
+        "cannot be stored: steps.seconds: 'fast' does not fit its type double (ArrowInvalid)"),
+    "rss 10^20": (
+        lambda b: b.monitor_samples[0].update(rss_bytes=10**20),
+        "cannot be stored: monitor_samples.rss_bytes: 100000000000000000000 does not fit its type "
+        "int64 (OverflowError)"),
+    "epoch without number": (
+        lambda b: b.epochs[0].update(epoch=None),
+        "cannot be stored: epochs.epoch: a record has no value, and the column needs one"),
+    "layer without name": (
+        lambda b: b.layers.append({"kind": "conv", "index": 0}),
+        "cannot be stored: layers.name: a record has no value, and the column needs one"),
+    "lone surrogate in a text column": (
+        lambda b: b.result.update(error_tail="\ud800"),
+        "cannot be stored: runs.error_tail: '\\ud800' does not fit its type string (UnicodeEncodeError)"),
+    "time that is not one": (
+        lambda b: b.result.update(started_at="yesterday"),
+        "cannot be stored: Invalid isoformat string: 'yesterday' (ValueError)"),
+    # Arrow takes this one; the warehouse refuses it (JSON with a lone surrogate), so the
+    # bulk transaction rolls back and each bundle goes in on its own.
+    "lone surrogate in JSON": (
+        lambda b: b.spec["params"].update(model="\ud800"),
+        "the warehouse refused it: Conversion Error: Malformed JSON at byte "),
+}
+
+
+def _inject(monkeypatch: pytest.MonkeyPatch, changes: dict[Path, Callable[[Bundle], None]]) -> None:
+    """Make ingest's loader return these bundles changed after they were read."""
+    real = ingest_module.load_bundle
+
+    def load(directory: Path) -> Bundle:
+        bundle = real(directory)
+        change = changes.get(Path(directory).resolve())
+        if change is not None:
+            change(bundle)
+        return bundle
+
+    monkeypatch.setattr(ingest_module, "load_bundle", load)
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_value_no_column_can_hold_skips_that_bundle_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    change, reason = HOSTILE[case]
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    first = make_bundle(results, cell_id="900d000000000001")
+    bad = make_bundle(results)
+    last = make_bundle(results, cell_id="ffff000000000001")
+    _inject(monkeypatch, {bad.resolve(): change})
+    report = ingest([results], warehouse=wh)
+    assert [path for path, _ in report.skipped] == [bad.resolve()]
+    given = report.skipped[0][1]  # a reason ending in a space is a prefix (DuckDB's text follows)
+    assert given.startswith(reason) if reason.endswith(" ") else given == reason
+    assert report.ingested == [first.resolve(), last.resolve()]
+    assert counts(wh) == {"runs": 2, "steps": 12, "epochs": 4, "monitor_samples": 4}
+    assert rows(wh, "SELECT count(*) FROM layers") == [(0,)]
+    monkeypatch.undo()
+    assert ingest([results], warehouse=wh).counts == {  # the bundle on disk is fine: it goes in now
+        "ingested": 1, "unchanged": 2, "skipped": 0, "incomplete": 0}
+
+
+def test_many_bad_bundles_among_good_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    good = [make_bundle(results, cell_id=f"900d{n:012x}") for n in range(6)]
+    bad = {make_bundle(results, cell_id=f"0bad{n:012x}").resolve(): HOSTILE[case][0]
+           for n, case in enumerate(sorted(HOSTILE))}
+    _inject(monkeypatch, bad)
+    report = ingest([results], warehouse=wh)
+    assert sorted(path for path, _ in report.skipped) == sorted(bad)
+    assert report.ingested == [g.resolve() for g in good]
+    assert counts(wh) == {"runs": 6, "steps": 36, "epochs": 12, "monitor_samples": 12}
+
+
+@pytest.mark.parametrize("error", [RecursionError("maximum recursion depth exceeded"),
+                                   PermissionError(13, "Permission denied"),
+                                   MemoryError()])
+def test_whatever_reading_one_bundle_raises_skips_it_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    good = make_bundle(results, cell_id="900d000000000001")
+    bad = make_bundle(results)
+    real = ingest_module.load_bundle
+
+    def load(directory: Path) -> Bundle:
+        if Path(directory) == bad.resolve():
+            raise error
+        return real(directory)
+
+    monkeypatch.setattr(ingest_module, "load_bundle", load)
+    report = ingest([results], warehouse=wh)
+    assert report.skipped == [(bad.resolve(), {
+        RecursionError: "cannot be read: nested too deeply (RecursionError)",
+        PermissionError: "cannot be read: [Errno 13] Permission denied (PermissionError)",
+        MemoryError: "cannot be read: MemoryError"}[type(error)])]
+    assert report.ingested == [good.resolve()]
 
 
 # -- transactions ------------------------------------------------------------------------
@@ -432,3 +567,107 @@ def test_the_harness_writes_the_file_names_the_bundle_layout_declares():
 
     assert (launch.STDOUT_LOG, launch.STDERR_LOG) == (layout.STDOUT, layout.STDERR)
     assert f'out_dir / "{layout.EVENTS}"' in inspect.getsource(cell.run_cell)
+
+
+# -- the command line: what it prints and the exit codes a script can trust ------------------
+
+MATRUN = [sys.executable, "-m", "matrun.runner.cli.main"]
+
+
+def matrun(*args: object, prefix: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*prefix, *MATRUN, *map(str, args)], capture_output=True, text=True,
+                          timeout=300, cwd="/")
+
+
+def test_cli_exits_0_when_nothing_was_skipped(tmp_path: Path) -> None:
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    make_bundle(results, repeat=0)
+    unfinished = make_bundle(results, repeat=1, with_result=False)
+    res = matrun("ingest", results, "--warehouse", wh)
+    assert (res.returncode, res.stdout) == (0, "ingested 1 run(s), 0 unchanged, 0 skipped, 1 incomplete\n")
+    assert res.stderr == f"incomplete (no result.json yet): {unfinished.resolve()}\n"
+    res = matrun("ingest", results, "--warehouse", wh)
+    assert (res.returncode, res.stdout) == (0, "ingested 0 run(s), 1 unchanged, 0 skipped, 1 incomplete\n")
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_cli_exits_1_when_a_bundle_was_skipped_unless_allowed(tmp_path: Path, allow: bool) -> None:
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    good = make_bundle(results, cell_id="900d000000000001")
+    bad = make_bundle(results)
+    edit_json(bad / "result.json", lambda r: r.update(schema_version=7))
+    res = matrun("ingest", results, "--warehouse", wh, *(["--allow-skipped"] if allow else []))
+    assert res.stdout == "ingested 1 run(s), 0 unchanged, 1 skipped, 0 incomplete\n"
+    skipped = (f"skipped {bad.resolve()}: result.json: has schema_version 7; this matrun reads 1: "
+               "upgrade matrun\n")
+    if allow:
+        assert (res.returncode, res.stderr) == (0, skipped)
+    else:
+        assert (res.returncode, res.stderr) == (1, skipped + (
+            "Error: 1 bundle(s) skipped (reasons above); they stay on disk and are not in the "
+            "warehouse (--allow-skipped exits 0 all the same)\n"))
+    assert rows(wh, "SELECT bundle_path FROM runs") == [(str(good.resolve()),)]
+
+
+def test_cli_exits_1_when_every_bundle_was_skipped_or_conflicts(tmp_path: Path) -> None:
+    wh = tmp_path / "w.duckdb"
+    make_bundle(tmp_path / "one")
+    assert matrun("ingest", tmp_path / "one", "--warehouse", wh).returncode == 0
+    make_bundle(tmp_path / "two", wall_seconds=99.0)  # the same run, other content: a conflict
+    res = matrun("ingest", tmp_path / "two", "--warehouse", wh)
+    assert res.returncode == 1
+    assert res.stdout == "ingested 0 run(s), 0 unchanged, 1 skipped, 0 incomplete\n"
+    assert "conflict: run c0ffee0000000001/0-1 is already in the warehouse" in res.stderr
+    assert res.stderr.endswith("Error: 1 bundle(s) skipped (reasons above); they stay on disk and are "
+                               "not in the warehouse (--allow-skipped exits 0 all the same)\n")
+
+
+def _unreadable(path: Path) -> list[str]:
+    """Make ``path`` unreadable; return the command prefix under which that holds (root reads
+    everything, so it runs without the capabilities that let it)."""
+    path.chmod(0)
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("as root, an unreadable directory needs setpriv to drop the capabilities")
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
+
+
+@pytest.mark.parametrize("case", ["missing", "a file", "unreadable", "name too long", "path too long"])
+def test_cli_refuses_a_path_it_cannot_read_with_exit_2(tmp_path: Path, case: str) -> None:
+    wh, prefix = tmp_path / "w.duckdb", []
+    if case == "missing":
+        path = tmp_path / "nowhere"
+        reason = "no such directory; give a results directory or a bundle"
+    elif case == "a file":
+        path = tmp_path / "notes.txt"
+        path.write_text("not results\n")
+        reason = "is not a directory; give a results directory or a bundle"
+    elif case == "unreadable":
+        path = tmp_path / "locked"
+        make_bundle(path)
+        prefix = _unreadable(path)
+        reason = "cannot be read: Permission denied"
+    elif case == "name too long":
+        path = tmp_path / ("r" * 300)
+        reason = "cannot be read: file name too long"
+    else:
+        path = Path("/".join([str(tmp_path)] + ["d" * 200] * 25))
+        reason = "cannot be read: file name too long"
+    try:
+        res = matrun("ingest", path, "--warehouse", wh, prefix=prefix)
+    finally:
+        if case == "unreadable":
+            path.chmod(0o755)
+    assert (res.returncode, res.stdout) == (2, "")
+    assert res.stderr == f"Error: {shown(path)}: {reason}\n"
+    assert not wh.exists()
+
+
+def test_cli_refuses_a_warehouse_name_too_long_with_exit_2(tmp_path: Path) -> None:
+    make_bundle(tmp_path / "results")
+    wh = tmp_path / ("w" * 300 + ".duckdb")
+    res = matrun("ingest", tmp_path / "results", "--warehouse", wh)
+    assert (res.returncode, res.stdout) == (2, "")
+    assert res.stderr == f"Error: warehouse {shown(wh)}: file name too long\n"

@@ -337,14 +337,25 @@ def test_memory_limits_are_bytes_and_spellings_of_one_limit_are_one_value(tmp_pa
 
 
 def test_the_hosts_registry_is_the_harness_declaration():
+    from dataclasses import replace
+
     from matrun.frameworks import default_framework, frameworks
     from matrun.runner.harness import spec
-    from matrun.runner.planning.params import PARAMS
+    from matrun.runner.planning.params import HOST_BOUNDED, MAX_LIMIT, MAX_TIMEOUT, PARAMS
 
     assert list(PARAMS) == list(spec.PARAMS)
     for name, param in PARAMS.items():
-        if name != "framework":
+        if name in HOST_BOUNDED:  # the same declaration, with a bound the harness need not check
+            assert param == replace(spec.PARAMS[name], check=param.check)
+        elif name != "framework":
             assert param is spec.PARAMS[name]
+    for name, inside, beyond in [("train_limit", MAX_LIMIT, MAX_LIMIT + 1),
+                                 ("test_limit", MAX_LIMIT, MAX_LIMIT + 1),
+                                 ("timeout", MAX_TIMEOUT, MAX_TIMEOUT + 0.5)]:
+        assert PARAMS[name].check(inside) == spec.PARAMS[name].check(inside)
+        spec.PARAMS[name].check(beyond)
+        with pytest.raises(spec.ParamError):
+            PARAMS[name].check(beyond)
     # the host adds only what it knows: the frameworks it can build, and the default one
     # (the framework.toml that says default = true); spec.json always names it
     assert PARAMS["framework"].choices == tuple(frameworks())

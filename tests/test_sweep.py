@@ -283,11 +283,12 @@ def test_ingest_cli_reports_corrupt_bundles_and_loads_the_rest(tmp_path):
     bad = make_bundle(tmp_path / "results", cell_id="b" * 16)
     (bad / "result.json").write_text('{"schema_version": 1, "status": ')
     half = make_bundle(tmp_path / "results", cell_id="c" * 16, with_result=False)
-    proc = matrun("ingest", "results", "--warehouse", "w.duckdb", cwd=tmp_path)
+    proc = matrun("ingest", "results", "--warehouse", "w.duckdb", cwd=tmp_path, check=False)
+    assert proc.returncode == 1  # something was skipped: a script must not read this as success
     assert f"skipped {bad}" in proc.stderr and "result.json" in proc.stderr
     assert f"incomplete (no result.json yet): {half}" in proc.stderr
     assert sql(tmp_path / "w.duckdb", "SELECT cell_id FROM runs") == [("a" * 16,)]
-    matrun("ingest", "results", "--warehouse", "w.duckdb", cwd=tmp_path)
+    matrun("ingest", "results", "--warehouse", "w.duckdb", "--allow-skipped", cwd=tmp_path)
     assert sql(tmp_path / "w.duckdb", "SELECT count(*) FROM runs") == [(1,)]
 
 

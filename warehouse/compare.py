@@ -35,7 +35,7 @@ from matrun.warehouse.query import run_query
 
 SIDES = ("A", "B")
 #: Sweep names as matrix.toml allows them (runner/planning/matrix.py).
-_SWEEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_SWEEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 #: Parameters every label may fall back on when no parameter varies between the cells.
 _BASE_KEYS = ("framework", "model", "dataset", "device")
 

@@ -6,12 +6,26 @@ a transaction, recorded in ``schema_migrations``) and re-creates the views from
 ``images/*/framework.toml`` (``framework_sql``), then ``views/_macros.sql``.  A read-only
 connection changes nothing and runs with DuckDB's external access off, so SQL typed by a
 user cannot read or write files.
+
+A new warehouse is built beside its path (``.<name>.creating-<host>-<pid>-<token>``),
+migrated and checkpointed there, and only then moved into place, so a creation cut short (a
+full disk, a kill) never leaves a half-made file at the path.  A file such a cut leaves behind (0 bytes,
+or only the first part of DuckDB's header: it never held a committed transaction) is
+recreated by the next open.  A full disk is reported as ``no space left on device: W``.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import glob
 import hashlib
+import os
 import re
+import secrets
+import shutil
+import socket
+import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +35,7 @@ from typing import Iterator
 
 import duckdb
 
-from matrun.errors import WarehouseError, WarehouseLocked
+from matrun.errors import InputError, WarehouseError, WarehouseLocked
 from matrun.warehouse import framework_sql
 
 #: Marks the views this module owns, so re-creating them never touches a user's own views.
@@ -34,12 +48,19 @@ MACRO_FILE = "_macros.sql"
 #: views takes about half a second).
 DIGEST_MACRO = "matrun_views_digest"
 
-_MIGRATION_FILE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
-_VIEW_FILE = re.compile(r"^([a-z][a-z0-9_]*)\.sql$")
+_MIGRATION_FILE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql\Z")
+_VIEW_FILE = re.compile(r"^([a-z][a-z0-9_]*)\.sql\Z")
 _MACRO = re.compile(r"^\s*CREATE\s+OR\s+REPLACE\s+MACRO\s+([a-z][a-z0-9_]*)\s*\(.*?\)\s+AS\s+(TABLE\b)?",
                     re.I | re.S)
 _LOCK_PID = re.compile(r"\(PID (\d+)\)")
 _RETRY_S = 0.1
+#: DuckDB writes its main header and its two database headers (4 KiB each) before anything
+#: else, so a shorter file never held a committed transaction.
+DUCKDB_HEADER_BYTES = 3 * 4096
+_DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of the main header
+_SCRATCH = ".{name}.creating-"  # + "<host>-<pid>-<token>": a warehouse being built beside its path
+_RECREATE_WAIT_S = 30.0  # how long to wait for another process recreating the same file
+_LONG_PATH = 200  # longer paths are shortened in messages
 
 
 @dataclass(frozen=True)
@@ -63,16 +84,15 @@ def open_warehouse(path: Path | str, *, read_only: bool = False,
                    wait_s: float = 0.0) -> Iterator[Warehouse]:
     """Open the warehouse file for the duration of a ``with`` block.
 
-    A writer creates the file if needed, applies pending migrations and re-creates the
-    views.  ``wait_s`` retries a lock held by another process for that many seconds before
-    raising :class:`WarehouseLocked`.
+    A writer creates the file if needed (built beside it, then moved into place), applies
+    pending migrations and re-creates the views.  Reader or writer, a file that a creation
+    cut short left behind (see :func:`unfinished`) is recreated first.  ``wait_s`` retries a
+    lock held by another process for that many seconds before raising
+    :class:`WarehouseLocked`.  A full disk raises ``WarehouseError("no space left on device:
+    W; …")``; a path the system refuses (too long) raises ``InputError``.
     """
     path = Path(path)
-    if read_only and not path.exists():
-        raise WarehouseError(f"warehouse {path} does not exist; run `matrun sweep` or "
-                             "`matrun ingest` first to create it")
-    if not read_only:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    _prepare(path, read_only=read_only, wait_s=wait_s)
     con = _connect(path, read_only=read_only, wait_s=wait_s)
     if read_only:
         try:
@@ -94,10 +114,218 @@ def open_warehouse(path: Path | str, *, read_only: bool = False,
                 apply_migrations(con, path)
                 create_views(con, path)
         except duckdb.Error as exc:
-            raise WarehouseError(f"warehouse {path}: {_first_line(exc)}") from None
+            raise database_error(path, exc) from None
         yield Warehouse(path=path, con=con, read_only=read_only)
     finally:
         con.close()
+
+
+def _prepare(path: Path, *, read_only: bool, wait_s: float) -> None:
+    """Make sure ``path`` is a warehouse DuckDB can open: recreate one a creation cut short;
+    for a writer, create a missing one (and its parent directories)."""
+    try:
+        if not read_only:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _remove_abandoned(path)
+        if unfinished(path):
+            _recreate(path, wait_s)
+        elif _stat(path) is None:
+            if read_only:
+                raise WarehouseError(f"warehouse {path} does not exist; run `matrun sweep` or "
+                                     "`matrun ingest` first to create it")
+            _create(path)
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    except duckdb.Error as exc:
+        raise database_error(path, exc) from None
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+def shown(path: Path | str) -> str:
+    """``path`` for a message: as it is, or cut to its start and length when very long."""
+    text = str(path)
+    return text if len(text) <= _LONG_PATH else f"{text[:60]}… ({len(text)} characters)"
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (an ``OSError`` or a DuckDB error) says the disk is full."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc)
+
+
+def no_space_error(path: Path, detail: str = "nothing was written to it; free some space and "
+                                             "run the command again") -> WarehouseError:
+    """The error for a full disk under warehouse ``path``."""
+    return WarehouseError(f"no space left on device: {shown(path)}; {detail}")
+
+
+def database_error(path: Path, exc: BaseException) -> WarehouseError:
+    """A DuckDB error while writing ``path`` as a ``WarehouseError`` (a full disk said so)."""
+    if is_no_space(exc):
+        return no_space_error(path)
+    return WarehouseError(f"warehouse {shown(path)}: {_first_line(exc)}")
+
+
+def os_error(path: Path, exc: OSError) -> WarehouseError | InputError:
+    """An ``OSError`` on the warehouse's path as a matrun error naming the path."""
+    if is_no_space(exc):
+        return no_space_error(path)
+    if exc.errno == errno.ENAMETOOLONG:
+        return InputError(f"warehouse {shown(path)}: file name too long")
+    where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
+    return WarehouseError(f"warehouse {shown(path)}: {exc.strerror or exc}{where}")
+
+
+def rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Roll back the open transaction, if DuckDB has not already (a failed COMMIT has)."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
+
+
+# -- creating and recreating the file ----------------------------------------------------
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _wal(path: Path) -> Path:
+    return path.with_name(path.name + ".wal")
+
+
+def unfinished(path: Path) -> bool:
+    """Whether ``path`` is what a warehouse creation cut short leaves behind, and nothing
+    else: a regular file of 0 bytes, or shorter than DuckDB's header and starting with it,
+    with no write-ahead log holding anything beside it.  Such a file never held a committed
+    transaction (DuckDB cannot even open it), so recreating it loses nothing."""
+    st = _stat(path)
+    if st is None or not stat.S_ISREG(st.st_mode) or st.st_size >= DUCKDB_HEADER_BYTES:
+        return False
+    wal = _stat(_wal(path))
+    if wal is not None and wal.st_size > 0:
+        return False
+    if st.st_size == 0:
+        return True
+    with open(path, "rb") as fh:
+        head = fh.read(12)
+    return len(head) == 12 and head[8:12] == _DUCKDB_MAGIC
+
+
+def _recreate(path: Path, wait_s: float) -> None:
+    """Replace an unfinished file with a new warehouse.  The replacer holds a lock on the
+    old file and checks that the path still names it, so two processes never both do it."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError as exc:
+        if is_no_space(exc) or exc.errno == errno.ENAMETOOLONG:
+            raise
+        raise WarehouseError(f"warehouse {shown(path)} is empty (its creation was cut short) and "
+                             f"cannot be recreated here: {exc.strerror or exc}") from None
+    try:
+        deadline = time.monotonic() + max(wait_s, _RECREATE_WAIT_S)
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EAGAIN) or time.monotonic() > deadline:
+                    raise
+                time.sleep(_RETRY_S)
+        mine, now = os.fstat(fd), _stat(path)
+        if now is None or (mine.st_dev, mine.st_ino) != (now.st_dev, now.st_ino) or not unfinished(path):
+            return  # another process recreated it meanwhile
+        try:
+            _wal(path).unlink()  # empty (unfinished() checked): nothing in it
+        except FileNotFoundError:
+            pass
+        _create(path, replace=True)
+    finally:
+        os.close(fd)
+
+
+def _create(path: Path, *, replace: bool = False) -> None:
+    """Build a new, empty warehouse beside ``path`` (migrations, views, a checkpoint) and
+    move it into place: a hard link, which never replaces a warehouse another process made
+    meanwhile (theirs is kept), or with ``replace`` a rename over the unfinished file."""
+    scratch = path.with_name(_SCRATCH.format(name=path.name)
+                             + f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        con = duckdb.connect(str(scratch))
+        try:
+            apply_migrations(con, path)
+            create_views(con, path)
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        if _stat(_wal(scratch)) is not None:  # the checkpoint on close did not finish
+            raise WarehouseError(f"could not create warehouse {shown(path)}: DuckDB left a "
+                                 "write-ahead log it could not check in")
+        _fsync(scratch)
+        if replace:
+            os.replace(scratch, path)
+        else:
+            _link_into_place(scratch, path)
+        _fsync(path.parent)
+    finally:
+        _remove_scratch(scratch)
+
+
+def _link_into_place(scratch: Path, path: Path) -> None:
+    try:
+        os.link(scratch, path)
+    except FileExistsError:
+        pass  # another process created it first: theirs is the warehouse
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+            raise
+        if _stat(path) is None:  # a file system without hard links
+            os.rename(scratch, path)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot fsync a directory; the data is DuckDB-synced already
+    finally:
+        os.close(fd)
+
+
+def _remove_scratch(scratch: Path) -> None:
+    for leftover in (scratch, _wal(scratch)):
+        try:
+            leftover.unlink()
+        except FileNotFoundError:
+            pass
+    shutil.rmtree(scratch.with_name(scratch.name + ".tmp"), ignore_errors=True)
+
+
+def _remove_abandoned(path: Path) -> None:
+    """Remove what a creation killed on this host left beside ``path`` (its process is gone)."""
+    prefix = str(path.with_name(_SCRATCH.format(name=path.name) + f"{socket.gethostname()}-"))
+    for name in glob.glob(glob.escape(prefix) + "*"):
+        pid = name[len(prefix):].split("-")[0]
+        if pid.isdigit() and not name.endswith((".wal", ".tmp")) and not _alive(int(pid)):
+            _remove_scratch(Path(name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _refresh_views(path: Path, wait_s: float) -> None:
@@ -109,11 +337,15 @@ def _refresh_views(path: Path, wait_s: float) -> None:
         raise WarehouseError(f"warehouse {path} has the views of another matrun version and is being "
                              "written now; run `matrun ingest` on it once the writer is done") from None
     except duckdb.Error as exc:  # e.g. a read-only file system
+        if is_no_space(exc):
+            raise no_space_error(path) from None
         raise WarehouseError(f"warehouse {path} has the views of another matrun version and cannot be "
                              f"updated here ({_first_line(exc)}); run `matrun ingest` on it where it "
                              "is writable") from None
     try:
         create_views(con, path)
+    except duckdb.Error as exc:
+        raise database_error(path, exc) from None
     finally:
         con.close()
 
@@ -132,6 +364,8 @@ def _connect(path: Path, *, read_only: bool, wait_s: float) -> duckdb.DuckDBPyCo
                     time.sleep(min(_RETRY_S, remaining))
                     continue
                 raise WarehouseLocked(_locked_message(path, message)) from None
+            if is_no_space(exc):
+                raise no_space_error(path) from None
             if "not a valid DuckDB database file" in message:
                 raise WarehouseError(f"{path} is not a DuckDB database file; point --warehouse "
                                      "at a matrun warehouse or at a new file name") from None
@@ -192,7 +426,9 @@ def apply_migrations(con: duckdb.DuckDBPyConnection, path: Path) -> list[int]:
                         [migration.version, migration.name])
             con.execute("COMMIT")
         except duckdb.Error as exc:
-            con.execute("ROLLBACK")
+            rollback(con)
+            if is_no_space(exc):
+                raise no_space_error(path) from None
             raise WarehouseError(f"warehouse {path}: migration {migration.version:03d}_"
                                  f"{migration.name}.sql failed: {_first_line(exc)}") from None
         done.append(migration.version)
@@ -331,7 +567,7 @@ def create_views(con: duckdb.DuckDBPyConnection, path: Path) -> None:
             con.execute(f"COMMENT ON VIEW \"{name}\" IS '{VIEW_COMMENT_PREFIX}views/{name}.sql'")
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        rollback(con)
         raise
 
 

@@ -7,6 +7,7 @@ module is imported inside ``compare``, when ``--html`` asks for it: it loads Plo
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -19,20 +20,21 @@ from matrun.runner.cli.common import TableFormatOpt, WarehouseOpt, app, check_fo
 from matrun.warehouse import advise as adv
 from matrun.warehouse import compare as cmp
 from matrun.warehouse.compare import fmt_noisy, fmt_num, fmt_p, fmt_points, fmt_ratio
+from matrun.warehouse.query import json_value
 
 
 @command(app)
 def compare(
-    a: Annotated[str, typer.Argument(help="Runs A, the reference: a sweep (NAME or sweep:NAME) or "
+    a: Annotated[str, typer.Argument(metavar="A", help="Runs A, the reference: a sweep (NAME or sweep:NAME) or "
                                           "sql:SELECT run_id FROM run_overview WHERE ….")],
-    b: Annotated[str, typer.Argument(help="Runs B, compared with A: the same forms.")],
+    b: Annotated[str, typer.Argument(metavar="B", help="Runs B, compared with A: the same forms.")],
     warehouse: WarehouseOpt = None,
     ignore: Annotated[list[str], typer.Option(
-        "--ignore", help="A parameter left out of the match because A and B differ in it on purpose, "
+        "--ignore", metavar="KEY", help="A parameter left out of the match because A and B differ in it on purpose, "
         "e.g. onednn or variant (repeatable).")] = [],
     fmt: TableFormatOpt = "table",
     html: Annotated[Optional[Path], typer.Option(
-        "--html", help="Also write the comparison as a self-contained HTML page to this file.")] = None,
+        "--html", metavar="FILE", help="Also write the comparison as a self-contained HTML page to this file.")] = None,
 ) -> None:
     """Compare two sets of runs (two sweeps, or two SQL selections) cell by matched cell."""
     check_format(fmt, ("table", "csv", "json"))
@@ -47,12 +49,18 @@ def compare(
         sys.stdout.write(cmp.to_csv(result))
         typer.echo(result.summary(), err=True)
     elif fmt == "json":
-        sys.stdout.write(cmp.to_json(result))
+        sys.stdout.write(_valid_json(cmp.to_json(result)))
     else:
         _compare_tables(result)
         typer.echo(result.summary())
     if html is not None:
         typer.echo(f"html: {html.resolve()}", err=True)
+
+
+def _valid_json(text: str) -> str:
+    """The library's JSON document with NaN and ±Infinity, which JSON lacks and Python's json
+    writes bare, as null (docs/CLI.md, "Exit codes and output for scripts")."""
+    return json.dumps(json_value(json.loads(text)), indent=2, allow_nan=False) + "\n"
 
 
 def _compare_tables(result: Any) -> None:
@@ -100,8 +108,8 @@ def _compare_tables(result: Any) -> None:
 def advise(
     warehouse: WarehouseOpt = None,
     sweep: Annotated[Optional[str], typer.Option(
-        "--sweep", help="Only the workloads (framework, model, dataset, device) this sweep ran.")] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="text, csv or json.")] = "text",
+        "--sweep", metavar="NAME", help="Only the workloads (framework, model, dataset, device) this sweep ran.")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", metavar="FORMAT", help="text, csv or json.")] = "text",
 ) -> None:
     """Per framework and workload: the best configuration found and its gain over the defaults."""
     check_format(fmt, ("text", "csv", "json"))
@@ -110,7 +118,7 @@ def advise(
         sys.stdout.write(adv.to_csv(rows))
         return
     if fmt == "json":
-        sys.stdout.write(adv.to_json(rows))
+        sys.stdout.write(_valid_json(adv.to_json(rows)))
         return
     if not rows:
         typer.echo("no training cell with ok runs: nothing to advise")

@@ -6,23 +6,74 @@ made by :func:`group`); that is the only way commands are registered, and the on
 where a library ``MatrunError`` becomes ``Error: …`` on stderr with exit code 2 (bad input)
 or 1 (failure).  ``app`` holds only the commands of the modules imported so far:
 ``matrun.runner.cli.main`` imports them all.
+
+``--help`` names every value in words (``--warehouse FILE``, ``SQL``), never by its Python
+type (``<path>``, ``<str>``): an option or argument gives its ``metavar``, else its name in
+capitals stands in (:class:`ReadableCommand`); a flag, which takes no value, shows none.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from matrun.errors import InputError, MatrunError
 from matrun.runner.planning.matrix import load_matrix
 
+
+class _ReadableHelp:
+    """Names every value of a command's help in words, not by its Python type.
+
+    Typer writes a parameter without a ``metavar`` as its type (``<str>``, ``<path>``,
+    ``--force <bool>``); here an option without one gets its name in capitals, a flag (and
+    ``--help``) none at all, and an argument shows its ``metavar`` in place of its name with
+    no type beside it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:  # type: ignore[attr-defined]
+            _name_value(param)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+def _name_value(param: Any) -> None:
+    if isinstance(param, TyperArgument):
+        param.metavar = param.metavar or param.name.upper().replace("_", "-")
+        param.display_type_rich = _no_type  # the metavar in the name column says it all
+    elif getattr(param, "is_flag", False) or getattr(param, "count", False):
+        param.metavar = ""
+    elif param.metavar is None:
+        param.metavar = param.name.upper().replace("_", "-")
+
+
+def _no_type(ctx: Any) -> None:
+    return None
+
+
+class ReadableCommand(_ReadableHelp, TyperCommand):
+    """A command whose ``--help`` names values in words (see :class:`_ReadableHelp`)."""
+
+
+class ReadableGroup(_ReadableHelp, TyperGroup):
+    """A command group whose ``--help`` names values in words (see :class:`_ReadableHelp`)."""
+
+
 app = typer.Typer(
     name="matrun",
+    cls=ReadableGroup,
     help="Run deep-learning benchmark matrices, keep every run in DuckDB, report with SQL and Plotly.",
     no_args_is_help=True,
     add_completion=False,
@@ -33,13 +84,13 @@ app = typer.Typer(
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
-MatrixArg = Annotated[Path, typer.Argument(help="The matrix file.", show_default=True)]
+MatrixArg = Annotated[Path, typer.Argument(metavar="MATRIX", help="The matrix file.", show_default=True)]
 WhereOpt = Annotated[list[str], typer.Option(
-    "--where", "-w", help="Only cells whose parameter has one of these values: KEY=V[,V…] "
+    "--where", "-w", metavar="KEY=V[,V…]", help="Only cells whose parameter KEY has one of these values "
     "(repeatable; KEY may be 'cell' for a cell-id prefix).")]
 WarehouseOpt = Annotated[Optional[Path], typer.Option(
-    "--warehouse", help="DuckDB file (default: the one matrix.toml names, else ./matrun.duckdb).")]
-TableFormatOpt = Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")]
+    "--warehouse", metavar="FILE", help="DuckDB file (default: the one matrix.toml names, else ./matrun.duckdb).")]
+TableFormatOpt = Annotated[str, typer.Option("--format", "-f", metavar="FORMAT", help="table, csv or json.")]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,7 +102,7 @@ def command(group: typer.Typer, name: str | None = None) -> Callable[[F], F]:
     the function itself is returned unchanged.
     """
     def register(fn: F) -> F:
-        group.command(name)(_print_errors(fn))
+        group.command(name, cls=ReadableCommand)(_print_errors(fn))
         return fn
 
     return register
@@ -59,7 +110,7 @@ def command(group: typer.Typer, name: str | None = None) -> Callable[[F], F]:
 
 def group(name: str, *, help: str) -> typer.Typer:
     """A sub-command group ``matrun NAME …`` of ``app``; register its commands with :func:`command`."""
-    sub = typer.Typer(help=help, no_args_is_help=True)
+    sub = typer.Typer(help=help, no_args_is_help=True, cls=ReadableGroup)
     app.add_typer(sub, name=name)
     return sub
 
@@ -72,8 +123,21 @@ def _print_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except MatrunError as exc:
             typer.echo(f"Error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except BrokenPipeError:  # stdout's reader went away (`matrun query … | head`)
+            _quiet_stdout()
+            raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit cannot fail on
+    the closed pipe again (the recipe of Python's documentation, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def resolve_warehouse(explicit: Path | None) -> Path:

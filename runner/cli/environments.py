@@ -17,7 +17,7 @@ from rich.table import Table
 
 from matrun.errors import InputError
 from matrun.frameworks import default_framework, get_framework
-from matrun.runner.cli.common import MatrixArg, WarehouseOpt, app, command, err, group, out, resolve_warehouse
+from matrun.runner.cli.common import MatrixArg, WarehouseOpt, WhereOpt, app, command, err, group, out, resolve_warehouse
 from matrun.runner.environments import engine
 from matrun.runner.environments.builds import build_images
 from matrun.runner.environments.contexts import images_needed
@@ -82,24 +82,25 @@ def wanted_images(matrix: Path, where: list[str], image: list[str]) -> list[tupl
 
 @command(app)
 def build(
-    matrix: Annotated[Path, typer.Argument(help="The matrix file whose cells' images to build.")] = Path("matrix.toml"),
-    where: Annotated[list[str], typer.Option("--where", "-w", help="Only cells matching KEY=V[,V…] (repeatable).")] = [],
+    matrix: Annotated[Path, typer.Argument(
+        metavar="MATRIX", help="The matrix file whose cells' images to build.")] = Path("matrix.toml"),
+    where: WhereOpt = [],
     image: Annotated[list[str], typer.Option(
-        "--image", help="Build this FRAMEWORK:VARIANT instead of the matrix's (repeatable).")] = [],
+        "--image", metavar="FRAMEWORK:VARIANT", help="Build this image instead of the matrix's (repeatable).")] = [],
     base_image: Annotated[Optional[str], typer.Option(
-        "--base-image", help="Base image of every image built (default: each variant's pinned base).")] = None,
+        "--base-image", metavar="IMAGE", help="Base image of every image built (default: each variant's pinned base).")] = None,
     make_base: Annotated[bool, typer.Option(
         "--make-base", help="Make the base image with debootstrap when the engine lacks it "
         "(where no registry can be reached; default base matrun-base:bookworm).")] = False,
     wheelhouse: Annotated[Optional[Path], typer.Option(
-        "--wheelhouse", help="Directory of wheels pip takes first (default: $PIP_FIND_LINKS when it is a directory).")] = None,
+        "--wheelhouse", metavar="DIR", help="Directory of wheels pip takes first (default: $PIP_FIND_LINKS when it is a directory).")] = None,
     ca_bundle: Annotated[Optional[Path], typer.Option(
-        "--ca-bundle", help="CA bundle pip trusts inside the build, for a TLS-intercepting proxy "
+        "--ca-bundle", metavar="FILE", help="CA bundle pip trusts inside the build, for a TLS-intercepting proxy "
         "(default: $PIP_CERT).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Build even when an image with the same tag exists.")] = False,
     no_probe: Annotated[bool, typer.Option("--no-probe", help="Skip the probe and the variant's promise check.")] = False,
     warehouse: Annotated[Optional[Path], typer.Option(
-        "--warehouse", help="DuckDB file to record the images in (default: the matrix's).")] = None,
+        "--warehouse", metavar="FILE", help="DuckDB file to record the images in (default: the matrix's).")] = None,
 ) -> None:
     """Build the framework images the matrix needs (only those), probe them, record them."""
     images = wanted_images(matrix, where, image)

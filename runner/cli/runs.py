@@ -15,11 +15,13 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from matrun.errors import BundleError
 from matrun.runner.cli.common import MatrixArg, WhereOpt, app, command, err, out
 from matrun.runner.planning.matrix import load_matrix
 from matrun.runner.planning.overview import plan_rows, status_rows
 from matrun.runner.slurm.jobs import cell_progress
 from matrun.runner.slurm.loop import cancel_sweep
+from matrun.runner.sweep.records import SweepStopped, SweepSummary
 from matrun.runner.sweep.run import run_sweep
 
 
@@ -71,6 +73,8 @@ def sweep(
         "has its node to itself (default: \\[slurm] exclusive, true).")] = None,
     sbatch_arg: Annotated[list[str], typer.Option("--sbatch-arg", help="Slurm: one more sbatch flag, --name=value, "
         "from the allowed set (repeatable; replaces \\[slurm] sbatch_args).")] = [],
+    allow_skipped: Annotated[bool, typer.Option("--allow-skipped", help="Exit 0 even when bundles were skipped "
+        "(damaged, in conflict, or refused by the warehouse); they are listed all the same.")] = False,
 ) -> None:
     """Run every cell that has no successful run yet, ingest each run as it ends."""
     signal.signal(signal.SIGTERM, _sigterm)
@@ -90,6 +94,10 @@ def sweep(
             progress.start()
         elif event.kind == "run-start":
             progress.update(task, description=f"{event.cell.cell.label} #{event.repeat}")
+        elif event.kind == "run-skip":
+            progress.advance(task)
+            line = f"{'done':>9}  {event.cell.cell_id}  repeat {event.repeat}  ({event.text})  {event.cell.cell.label}"
+            progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
         elif event.kind == "run-end":
             o = event.outcome
             progress.advance(task)
@@ -101,8 +109,23 @@ def sweep(
     try:
         summary = run_sweep(matrix_path=matrix, where=where, force=force, executor=executor, on_event=on_event,
                             detach=detach, slurm=slurm)
+    except SweepStopped as stopped:  # what ran until then, then the Error line (common.py)
+        progress.stop()
+        if stopped.summary.ran or stopped.summary.ingested or stopped.summary.skipped:
+            _print_summary(stopped.summary)
+        raise
     finally:
         progress.stop()
+    _print_summary(summary)
+    if summary.failed:
+        raise typer.Exit(1)
+    if summary.skipped and not allow_skipped:
+        raise BundleError(f"{len(summary.skipped)} bundle(s) skipped (reasons above); they stay on disk "
+                          "and are not in the warehouse (--allow-skipped exits 0 all the same)")
+
+
+def _print_summary(summary: SweepSummary) -> None:
+    """What the sweep ran (stdout), what its ingests did, and every bundle skipped (stderr)."""
     for line in summary.warnings:
         typer.echo(f"warning: {line}", err=True)
     if summary.detached:
@@ -111,13 +134,15 @@ def sweep(
         typer.echo(f"sweep {summary.sweep}: submitted {summary.submitted} runs{jobs}{waiting}; "
                    f"{summary.skipped_done} already done. `matrun status` shows progress, `matrun sweep` or "
                    f"`matrun ingest` picks the results up, `matrun cancel` stops the jobs")
-        return
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.by_status.items())) or "nothing to run"
-    typer.echo(f"sweep {summary.sweep}: {summary.ran} runs ({counts}); {summary.skipped_done} already done")
-    for line in summary.not_ingested:
-        typer.echo(f"warning: not ingested: {line} (the bundle is on disk; run `matrun ingest`)", err=True)
-    if summary.by_status.get("ok", 0) < summary.ran:
-        raise typer.Exit(1)
+    else:
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.by_status.items())) or "nothing to run"
+        elsewhere = f" ({summary.done_elsewhere} by another sweep meanwhile)" if summary.done_elsewhere else ""
+        typer.echo(f"sweep {summary.sweep}: {summary.ran} runs ({counts}); {summary.skipped_done} already "
+                   f"done{elsewhere}")
+    typer.echo(f"warehouse: ingested {summary.ingested} run(s), {summary.unchanged} unchanged, "
+               f"{len(summary.skipped)} skipped")
+    for line in summary.skipped:
+        typer.echo(f"skipped {line} (the bundle stays on disk; `matrun ingest` loads it once fixed)", err=True)
 
 
 def _sigterm(signum: int, frame: Any) -> None:

@@ -22,7 +22,7 @@ slurm_app = group(
                   "the slurm executor on one machine).")
 
 StateDirOpt = Annotated[Optional[Path], typer.Option(
-    "--state-dir", help="Where the cluster keeps its configuration, state, logs and PIDs "
+    "--state-dir", metavar="DIR", help="Where the cluster keeps its configuration, state, logs and PIDs "
     "(default: $MATRUN_HOME/slurm).")]
 
 

@@ -7,7 +7,8 @@ Modules:
   ``Executor``s (``name``, ``env_id``, ``enforces``, ``refusal``, ``prepare``); ``RunRequest``,
   ``RunOutcome`` (the image a cell ran in included), ``PreparedRun``.
 - ``outcomes``: how a run ended, one set of rules for every executor: ``run_status``,
-  ``error_tail``, ``refused_outcome``, ``cancelled_outcome``.
+  ``error_tail``, ``refused_outcome``, ``cancelled_outcome``; ``RunAborted`` (a run recorded,
+  then the sweep stopped: the Docker engine lost mid-cell).
 - ``monitor``: the process-tree monitor (``Monitor``) and the sums both monitors keep
   (``Totals``, ``iowait_percent``); ``monitor_cgroup``: the container's cgroup monitor.
 - ``workers``: the launch plan of a multi-worker / multi-node cell (``write_plan``,
@@ -15,7 +16,8 @@ Modules:
 - ``local``: the local executor (a subprocess in the variant's virtual environment; the cell's
   environment, ``cell_environment``, and command line, ``harness_command``).
 - ``docker``: the docker executor (a container of the variant's image; ``container_kwargs``).
-- ``registry``: executors by name (``get_executor``, ``auto``).
+- ``registry``: executors by name (``get_executor``, ``auto``) and ``reap_orphans`` (the
+  containers of a sweep that died, stopped, removed and recorded before the next sweep runs).
 
 Imports: ``matrun.errors``, ``matrun.frameworks``, ``matrun.warehouse.bundles`` (file names,
 writers), ``matrun.runner.harness`` (its standard-library launch, distributed-training and

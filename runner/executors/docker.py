@@ -17,31 +17,49 @@ removed at the end; on Ctrl-C / SIGTERM (``KeyboardInterrupt`` / ``SystemExit``)
 removed (killed) first and the exception passes on.  The logs are copied into the bundle
 (stdout.log / stderr.log) whatever the status, and ``container.json`` records the image
 (tag, id, repo digests) and the container for the result.
+
+Faults (docs/EXECUTORS.md "Faults"):
+
+- The engine stops answering mid-cell (stopped, restarted, its socket gone): ``_await_engine``
+  asks it again every 0.2 s for ``ENGINE_GRACE_S``.  Back in time (answering steadily for a
+  second): the wait goes on (the container ended with the engine, or lived through a live
+  restore) and the run is recorded as it ended, with a note.  Still silent: the run is failed
+  and ``RunAborted`` stops the sweep.  A stopping engine first kills its containers, and may
+  answer that wait: a cell killed by SIGTERM / SIGKILL that matrun did not send is followed by
+  a few seconds' watch of the engine (``_watch_aftermath``).
+- Every container carries ``matrun.owner`` (host, boot, PID and start time of the process that
+  started it) and ``matrun.run_dir``.  ``reap_orphans`` (the sweep, before its catch-up) stops
+  and removes the containers of owners that are dead (a ``kill -9`` of the sweep) and records
+  their runs ``cancelled``; containers of a live sweep, or of another host, are left alone.
+- The engine refusing the container, the image removed, the container removed or killed from
+  outside: a failed run with the reason, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from matrun.errors import EnvironmentBuildError
-from matrun.runner.environments.engine import connect
+from matrun.errors import EnvironmentBuildError, MatrunError
+from matrun.runner.environments.engine import EngineUnavailable, connect, engine_url
 from matrun.runner.environments.contexts import LABEL as IMAGE_LABEL, image_repository, recipe_hash
 from matrun.runner.environments.home import HARNESS_MOUNT, stage_harness
 from matrun.runner.executors.local import cell_environment, harness_command
 from matrun.runner.executors.monitor_cgroup import CgroupMonitor
-from matrun.runner.executors.outcomes import error_tail, refused_outcome, run_status
+from matrun.runner.executors.outcomes import RunAborted, error_tail, refused_outcome, run_status
 from matrun.runner.executors.protocol import RunOutcome, RunRequest, SyncExecutor
 from matrun.runner.executors.workers import host_refusal, write_plan
 from matrun.runner.harness.cpusets import parse_cpuset as cpuset_cpus
 from matrun.runner.slurm.epilog import CLUSTER_LABEL as SLURM_CLUSTER_LABEL, JOB_LABEL as SLURM_JOB_LABEL
-from matrun.warehouse.bundles.layout import MONITOR, SCHEMA_VERSION, SPEC, STDERR, STDOUT
-from matrun.warehouse.bundles.write import tail_text, write_json_atomic
+from matrun.warehouse.bundles.layout import MONITOR, RESULT, SCHEMA_VERSION, SPEC, STDERR, STDOUT
+from matrun.warehouse.bundles.write import fsync_dir, tail_text, write_json_atomic
 
 if TYPE_CHECKING:
     import docker
@@ -51,6 +69,19 @@ DEFAULT_SHM_SIZE = "1g"  # the engine's 64 MiB default is too small for data-loa
 TMPFS_SIZE = "1g"
 NOBODY = 65534
 _WAIT_SLICE_S = 1.0
+#: How long a cell waits for an engine that stopped answering before the sweep stops (a
+#: ``systemctl restart docker`` stops the containers, up to 10 s each, then starts again).
+ENGINE_GRACE_S = 30.0
+#: An engine answers again once it has answered for this long without a miss (a stopping
+#: engine answers a few last requests).
+_STEADY_S = 1.0
+#: How long the engine is watched after a cell killed by a signal matrun did not send: an engine
+#: that stops or restarts kills its containers first, then stops answering.
+_AFTERMATH_S = 3.0
+OWNER_LABEL = "matrun.owner"
+RUN_DIR_LABEL = "matrun.run_dir"
+ROLE_LABEL = "matrun.role"
+_ENGINE_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)\Z")
 
 
 @dataclass(frozen=True)
@@ -69,20 +100,87 @@ class ImageRef:
 
 
 @dataclass(frozen=True)
+class Owner:
+    """The process that started a cell's container (the sweep, or a Slurm task), as the
+    ``matrun.owner`` label records it: a container whose owner is dead was left by a sweep that
+    was killed (``kill -9``, a crash) and nobody watches, records or removes it."""
+
+    host: str
+    boot: str  # /proc/sys/kernel/random/boot_id: a reboot ends every process of the host
+    pid: int
+    start: str  # the process's start, clock ticks since boot (/proc/PID/stat field 22): a reused PID differs
+
+    @classmethod
+    def this_process(cls) -> "Owner":
+        return cls(socket.gethostname(), _boot_id(), os.getpid(), _process_start(os.getpid()) or "")
+
+    def label(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Owner | None":
+        """The owner a label names; None for a missing or malformed label."""
+        try:
+            data = json.loads(text or "")
+            return cls(str(data["host"]), str(data["boot"]), int(data["pid"]), str(data["start"]))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+    def alive(self) -> bool | None:
+        """Whether the owner still runs: None for a process of another host (not this host's to
+        judge: engines can be shared), False when this host rebooted since or the PID is gone
+        or now another process."""
+        if self.host != socket.gethostname():
+            return None
+        if self.boot != _boot_id():
+            return False
+        start = _process_start(self.pid)
+        return start is not None and start == self.start
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _process_start(pid: int) -> str | None:
+    """The start of process ``pid`` in clock ticks since boot; None when there is no such process
+    (or it is a zombie: it has ended, only its exit status is left)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
+@dataclass(frozen=True)
 class CellLabels:
     sweep: str
     cell: str
     run: str
     slurm_job: str = ""  # the Slurm job whose task started the container (its epilog removes it)
     slurm_cluster: str = ""  # and its cluster (job ids are only unique within one)
+    run_dir: str = ""  # the bundle directory (absolute): where a dead sweep's run is recorded
+    owner: str = ""  # ``Owner.label()`` of the process that starts the container
 
     def as_dict(self) -> dict[str, str]:
         labels = {"matrun.sweep": self.sweep, "matrun.cell": self.cell, "matrun.run": self.run,
-                  "matrun.role": "cell"}
+                  ROLE_LABEL: "cell"}
         if self.slurm_job:
             labels[SLURM_JOB_LABEL] = self.slurm_job
         if self.slurm_cluster:
             labels[SLURM_CLUSTER_LABEL] = self.slurm_cluster
+        if self.run_dir:
+            labels[RUN_DIR_LABEL] = self.run_dir
+        if self.owner:
+            labels[OWNER_LABEL] = self.owner
         return labels
 
 
@@ -169,11 +267,42 @@ def _memory_limit(request: RunRequest) -> int | str | None:
 
 
 def _labels(run_dir: Path, slurm: tuple[str, str] = ("", "")) -> CellLabels:
+    mine = {"run_dir": str(run_dir.absolute()), "owner": Owner.this_process().label()}
     try:
         spec = json.loads((run_dir / SPEC).read_text())
-        return CellLabels(str(spec["sweep"]), str(spec["cell_id"]), f"{spec['repeat']}-{spec['attempt']}", *slurm)
+        return CellLabels(str(spec["sweep"]), str(spec["cell_id"]), f"{spec['repeat']}-{spec['attempt']}",
+                          *slurm, **mine)
     except (OSError, ValueError, KeyError):
-        return CellLabels("", run_dir.parent.name, run_dir.name, *slurm)
+        return CellLabels("", run_dir.parent.name, run_dir.name, *slurm, **mine)
+
+
+class _EngineSilent(Exception):
+    """The engine answered nothing for the executor's grace period (internal to ``run``)."""
+
+
+class _ContainerGone(Exception):
+    """The cell's container vanished from the engine mid-cell (``docker rm -f`` from outside)."""
+
+
+def _no_answer(exc: BaseException) -> bool:
+    """Whether an error of the Docker SDK means the engine did not answer at all (stopped,
+    restarting, its socket gone), rather than answering with a refusal (``APIError``)."""
+    import requests
+
+    return (isinstance(exc, requests.exceptions.RequestException)
+            and not isinstance(exc, requests.exceptions.HTTPError))
+
+
+def _read_timeout(exc: BaseException) -> bool:
+    """Whether a slice of ``container.wait`` simply ended (the SDK raises a read timeout on a unix
+    socket as a ``ConnectionError``), as opposed to the engine going away."""
+    import requests
+    import urllib3
+
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return True
+    return (isinstance(exc, requests.exceptions.ConnectionError)
+            and any(isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args))
 
 
 class DockerExecutor(SyncExecutor):
@@ -182,7 +311,8 @@ class DockerExecutor(SyncExecutor):
 
     def __init__(self, client: "docker.DockerClient | None" = None, *,
                  images: Mapping[tuple[str, str], str] | None = None, shm_size: str = DEFAULT_SHM_SIZE,
-                 docker_host: str | None = None, slurm_job: str = "", slurm_cluster: str = "") -> None:
+                 docker_host: str | None = None, slurm_job: str = "", slurm_cluster: str = "",
+                 engine_grace: float = ENGINE_GRACE_S) -> None:
         self._client = client
         # set by a Slurm task: the labels runner/slurm/epilog.py finds the task's containers by
         self.slurm = (slurm_job, slurm_cluster)
@@ -190,12 +320,22 @@ class DockerExecutor(SyncExecutor):
         self._images = dict(images or {})  # (framework, variant) → tag; else the newest labelled image
         self._refs: dict[tuple[str, str], ImageRef] = {}
         self.shm_size = shm_size
+        self.engine_grace = engine_grace  # seconds an engine that stopped answering is waited for
+        self._gaps: list[float] = []  # this run's: seconds the engine answered nothing, each time
 
     @property
     def client(self) -> "docker.DockerClient":
         if self._client is None:
             self._client = connect(self._docker_host)
         return self._client
+
+    @property
+    def url(self) -> str:
+        """The engine's address, as messages name it."""
+        try:
+            return engine_url(self._docker_host)
+        except MatrunError:
+            return str(self._docker_host)
 
     def image(self, framework: str, variant: str) -> ImageRef:
         key = (framework, variant)
@@ -223,6 +363,14 @@ class DockerExecutor(SyncExecutor):
                 f"no image for {framework}:{variant} built from the current recipe "
                 f"(images/{framework}/, recipe {recipe[:12]}) in the Docker engine; build it with "
                 f"`matrun build` (or pick --executor local)") from None
+        except docker.errors.APIError as exc:
+            raise EnvironmentBuildError(f"the Docker engine at {self.url} refused to list the images of "
+                                        f"{framework}:{variant}: {exc}") from None
+        except Exception as exc:
+            if not _no_answer(exc):
+                raise
+            raise EngineUnavailable(f"the Docker engine at {self.url} did not answer while looking for "
+                                    f"the image of {framework}:{variant}: {exc}") from None
         attrs = found.attrs
         labels = (attrs.get("Config") or {}).get("Labels") or {}
         tags = [t for t in found.tags if t.startswith(f"{image_repository(framework)}:")] or found.tags
@@ -247,6 +395,124 @@ class DockerExecutor(SyncExecutor):
         None; the sweep asks before anything runs."""
         return host_refusal(params, self.name)
 
+    # --- containers a dead sweep left ----------------------------------------------------------
+
+    def reap_orphans(self, *, log: Callable[[str], None]) -> list[Path]:
+        """Stop and remove every cell container whose owner (``matrun.owner``) is dead — left by a
+        sweep or Slurm task killed with SIGKILL, still training beside whatever runs now — and
+        record its run ``cancelled`` (``result.json``, unless one exists; a Slurm task's run is
+        left to the Slurm tracker, which records it from Slurm's state).  Containers of a live
+        process, of another host, or without an owner label (an older matrun) are left alone.
+        Returns the run directories recorded.  No engine answering: nothing runs there, nothing
+        to do."""
+        try:
+            found = self.client.api.containers(all=True, filters={"label": f"{ROLE_LABEL}=cell"})
+        except MatrunError:  # no engine (or none matrun may use): prepare() says so if cells need one
+            return []
+        except Exception as exc:  # the engine went away or refused: nothing reaped now, the next sweep tries
+            if not _no_answer(exc):
+                log(f"warning: the Docker engine at {self.url} did not list its containers: {exc}")
+            return []
+        recorded = []
+        for entry in found:
+            labels = entry.get("Labels") or {}
+            owner = Owner.parse(labels.get(OWNER_LABEL))
+            if owner is None:
+                log(f"warning: container {entry['Id'][:12]} of sweep {labels.get('matrun.sweep', '?')!r} has no "
+                    f"{OWNER_LABEL} label (started by an older matrun): left alone; `docker rm -f "
+                    f"{entry['Id'][:12]}` removes it if no sweep runs it")
+                continue
+            if owner.alive() is not False:
+                continue
+            try:
+                run_dir = self._reap(entry["Id"], labels, owner, log)
+            except Exception as exc:  # one container that cannot be reaped does not stop the others
+                log(f"warning: could not remove container {entry['Id'][:12]} of a sweep that died "
+                    f"({owner.describe()}): {exc}")
+                continue
+            if run_dir is not None:
+                recorded.append(run_dir)
+        return recorded
+
+    def _reap(self, container_id: str, labels: Mapping[str, str], owner: Owner,
+              log: Callable[[str], None]) -> Path | None:
+        import docker
+
+        try:
+            container = self.client.containers.get(container_id)
+        except docker.errors.NotFound:  # removed in between (another sweep reaping it too)
+            return None
+        state = dict(container.attrs.get("State") or {})
+        running = bool(state.get("Running") or state.get("Paused") or state.get("Restarting"))
+        if running:
+            try:
+                container.kill()
+                container.wait(timeout=30)
+            except Exception:  # exited in between, or cannot be waited for: remove(force) kills it
+                pass
+        what = (f"container {container.short_id} (sweep {labels.get('matrun.sweep', '?')!r}, cell "
+                f"{labels.get('matrun.cell', '?')}, run {labels.get('matrun.run', '?')}) of a sweep that died "
+                f"({owner.describe()})")
+        run_dir = Path(labels.get(RUN_DIR_LABEL) or "")
+        recorded = None
+        if SLURM_JOB_LABEL not in labels and run_dir.is_absolute():
+            recorded = self._record_orphan(container, state, running, owner, labels, run_dir)
+        _remove(container)
+        if recorded:
+            log(f"stopped {what}: {'it was still running; ' if running else ''}removed, its run recorded "
+                f"cancelled in {run_dir}")
+            return run_dir
+        log(f"removed {what}" + ("" if running else " (it had exited)"))
+        return None
+
+    def _record_orphan(self, container: Any, state: Mapping[str, Any], running: bool, owner: Owner,
+                       labels: Mapping[str, str], run_dir: Path) -> bool:
+        """Write the orphan's ``result.json`` (cancelled) and its logs; False when the directory
+        is not the run the labels name, or the run was already recorded."""
+        try:
+            spec = json.loads((run_dir / SPEC).read_text())
+            if (spec["sweep"], spec["cell_id"], f"{spec['repeat']}-{spec['attempt']}") != (
+                    labels.get("matrun.sweep"), labels.get("matrun.cell"), labels.get("matrun.run")):
+                return False
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        if (run_dir / RESULT).exists():
+            return False
+        _save_logs(container, run_dir)
+        _give_back(run_dir, run_dir.parent.stat())
+        started = _engine_time(state.get("StartedAt")) or datetime.fromtimestamp(
+            (run_dir / SPEC).stat().st_mtime, timezone.utc)
+        ended = (_engine_time(state.get("FinishedAt")) if not running else None) or datetime.now(timezone.utc)
+        exit_code = None if running else state.get("ExitCode")
+        how = ("it was still running: stopped and removed" if running else
+               f"it had exited (exit code {exit_code}) with no sweep to watch or record it: removed")
+        note = (f"[matrun] container of a sweep that died ({owner.describe()}): {how} by the sweep of pid "
+                f"{os.getpid()} before it ran anything; the run does not count (nothing monitored or "
+                "recorded its end), the cell is run again")
+        record = {
+            "schema_version": SCHEMA_VERSION, "sweep": spec["sweep"], "cell_id": spec["cell_id"],
+            "repeat": spec["repeat"], "attempt": spec["attempt"], "env_id": spec.get("env_id", ""),
+            "executor": self.name, "status": "cancelled", "exit_code": exit_code,
+            "error_tail": f"{tail_text(run_dir / STDERR)}\n{note}".lstrip("\n"),
+            "started_at": started.isoformat(), "ended_at": ended.isoformat(),
+            "wall_seconds": round(max(0.0, (ended - started).total_seconds()), 3),
+            "host": {"hostname": owner.host}, "monitor": {}, "image": self._image_record(container),
+        }
+        return _write_json_new(run_dir / RESULT, record)
+
+    def _image_record(self, container: Any) -> dict[str, Any]:
+        image_id = str(container.attrs.get("Image") or "")
+        try:
+            found = self.client.images.get(image_id)
+        except Exception:  # the image is gone: its ID is all there is
+            return {"tag": image_id, "id": image_id, "repo_digests": [], "content_hash": ""}
+        labels = (found.attrs.get("Config") or {}).get("Labels") or {}
+        return {"tag": found.tags[0] if found.tags else image_id, "id": found.id,
+                "repo_digests": list(found.attrs.get("RepoDigests") or ()),
+                "content_hash": labels.get(f"{IMAGE_LABEL}.content-hash", "")}
+
+    # --- one cell ------------------------------------------------------------------------------
+
     def run(self, request: RunRequest) -> DockerRunOutcome:
         import docker
 
@@ -261,28 +527,78 @@ class DockerExecutor(SyncExecutor):
             os.chown(run_dir, NOBODY, NOBODY)
         # A multi-worker cell: every worker in this one container (the network is already none).
         plan = write_plan(run_dir, params, network="inherit")
+        labels = _labels(run_dir, self.slurm)
         kwargs = container_kwargs(params, image=ref, run_dir=run_dir, data_dir=request.data_dir,
-                                  stage=stage_harness(), labels=_labels(run_dir, self.slurm), user=user,
+                                  stage=stage_harness(), labels=labels, user=user,
                                   memory_limit=_memory_limit(request), shm_size=self.shm_size, plan=plan)
         started = datetime.now(timezone.utc)
         t0 = time.monotonic()
         container = None
         monitor = None
+        self._gaps = []
+
+        def ended(note: str, *, exit_code: int | None = None, remove: bool = True) -> DockerRunOutcome:
+            """A run that ended abnormally: failed, with the reason (the container removed when the
+            engine still answers)."""
+            aggregates = monitor.stop() if monitor is not None else {}
+            if container is not None and remove:
+                _save_logs(container, run_dir)
+                _remove(container)
+            for name in (STDOUT, STDERR):
+                (run_dir / name).touch()
+            _give_back(run_dir, owner)
+            return DockerRunOutcome(
+                status="failed", exit_code=exit_code,
+                error_tail=f"{tail_text(run_dir / STDERR)}\n[matrun] {note}".lstrip("\n"),
+                started_at=started.isoformat(), ended_at=datetime.now(timezone.utc).isoformat(),
+                wall_seconds=round(time.monotonic() - t0, 3), monitor=aggregates, image=ref.as_record(),
+                container_id=container.id if container is not None else "")
+
         try:
             try:
                 container = self.client.containers.create(**kwargs)
                 container.start()
             except docker.errors.APIError as exc:  # refused by the engine: a failed run, not a crash
                 return self._refused(exc, container, run_dir, owner, ref, started, t0)
-            container.reload()
+            except Exception as exc:
+                if not _no_answer(exc):
+                    raise
+                back = self._await_engine()
+                container = container or self._container_of(labels)  # a create that reached the engine
+                return self._refused(RuntimeError(
+                    f"it stopped answering as the container was created (the engine at {self.url} answered "
+                    f"again {back:.0f} s later); the cell did not run"), container, run_dir, owner, ref, started, t0)
+            self._ask(container.reload)
             monitor = CgroupMonitor(container.id, run_dir / MONITOR,
                                     pid=container.attrs["State"].get("Pid")).start()
-            exit_code, timed_out = _wait(container, request.timeout)
+            exit_code, timed_out = self._wait(container, request.timeout)
             aggregates = monitor.stop()
-            container.reload()
+            if exit_code in (128 + 9, 128 + 15) and not timed_out and not self._gaps:
+                self._watch_aftermath()  # killed by the engine on its way down?
+            try:
+                self._ask(container.reload)
+            except docker.errors.NotFound:  # `docker rm -f`: killed, then removed
+                raise _ContainerGone() from None
             oom = bool(container.attrs["State"].get("OOMKilled"))
             _save_logs(container, run_dir)
-        except BaseException:  # Ctrl-C, SIGTERM as SystemExit, or the engine failing mid-run
+        except _EngineSilent:
+            when = "mid-cell" if monitor is not None else "as the cell's container was created"
+            outcome = ended(f"the Docker engine at {self.url} stopped answering {when} and did not answer "
+                            f"again within {self.engine_grace:g} s; the sweep stopped (the container, if the "
+                            f"engine comes back with it, is removed by the next sweep)", remove=False)
+            raise RunAborted(
+                f"the Docker engine at {self.url} stopped answering {when} (run {run_dir}) and did not "
+                f"answer again within {self.engine_grace:g} s: the run is recorded failed and the sweep stops "
+                "here. Start the engine again (`matrun engine start`, or your system's service) and run "
+                "the sweep again: it runs what is not done", outcome) from None
+        except _ContainerGone:
+            return ended("the cell's container was removed mid-cell from outside matrun (docker rm -f?); "
+                         "its logs went with it", remove=False)
+        except (docker.errors.DockerException, OSError) as exc:  # an error answer, or one more lost answer
+            if not isinstance(exc, docker.errors.DockerException) and not _no_answer(exc):
+                raise  # an OSError of the bundle's own files (a full disk): the sweep's to report
+            return ended(f"the Docker engine at {self.url} failed mid-cell: {exc}")
+        except BaseException:  # Ctrl-C, SIGTERM as SystemExit
             if monitor is not None:
                 monitor.stop()
             if container is not None:
@@ -298,10 +614,12 @@ class DockerExecutor(SyncExecutor):
             "schema_version": SCHEMA_VERSION, "image": ref.as_record(), "container_id": container.id,
             "user": user, "cpuset_cpus": kwargs.get("cpuset_cpus"), "mem_limit": kwargs.get("mem_limit"),
             "oom_killed": oom, "exit_code": exit_code})
+        tail = "" if status == "ok" else _docker_error_tail(run_dir, status, timed_out, request.timeout, exit_code)
+        if self._gaps and status != "ok":
+            tail += (f"\n[matrun] the Docker engine at {self.url} stopped answering mid-cell and answered "
+                     f"again {sum(self._gaps):.0f} s later (an engine that restarts stops its containers)")
         return DockerRunOutcome(
-            status=status, exit_code=exit_code,
-            error_tail="" if status == "ok" else _docker_error_tail(run_dir, status, timed_out,
-                                                                    request.timeout, exit_code),
+            status=status, exit_code=exit_code, error_tail=tail,
             started_at=started.isoformat(), ended_at=datetime.now(timezone.utc).isoformat(),
             wall_seconds=round(wall, 3), monitor=aggregates, image=ref.as_record(), container_id=container.id)
 
@@ -321,26 +639,128 @@ class DockerExecutor(SyncExecutor):
             wall_seconds=round(time.monotonic() - t0, 3), monitor={}, image=ref.as_record(),
             container_id=container.id if container is not None else "")
 
+    # --- talking to an engine that may go away -------------------------------------------------
 
-def _wait(container: Any, timeout: float) -> tuple[int | None, bool]:
-    """Wait for the container to exit; kill it at the deadline.  (exit code, timed out)."""
-    import requests
+    def _await_engine(self) -> float:
+        """The engine stopped answering: ask it again every 0.2 s; the seconds until it answered
+        (and went on answering for ``_STEADY_S``), or ``_EngineSilent`` after ``engine_grace``
+        seconds of silence.  Each gap is kept in ``_gaps``, for the run's error."""
+        lost = time.monotonic()
+        steady_since = None
+        while True:
+            if self._answers():
+                steady_since = steady_since or time.monotonic()
+                if time.monotonic() - steady_since >= _STEADY_S:
+                    self._gaps.append(steady_since - lost)
+                    return steady_since - lost
+            else:
+                steady_since = None
+                if time.monotonic() - lost >= self.engine_grace:
+                    raise _EngineSilent()
+            time.sleep(0.2)
 
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
+    def _watch_aftermath(self) -> None:
+        """After a cell killed by SIGTERM / SIGKILL that matrun did not send: watch the engine for
+        ``_AFTERMATH_S`` (an engine that stops kills its containers, then stops answering) and
+        wait for it (``_await_engine``) if it goes."""
+        end = time.monotonic() + _AFTERMATH_S
+        while time.monotonic() < end:
+            if not self._answers():
+                self._await_engine()
+                return
+            time.sleep(0.2)
+
+    def _ask(self, call: Callable[[], Any]) -> Any:
+        """``call()``, through a restart of the engine (``_EngineSilent`` when it stays away)."""
+        for _ in range(3):
             try:
-                container.kill()
-            except Exception:  # it exited in between
-                pass
-            code = container.wait(timeout=30).get("StatusCode")
-            return code, True
+                return call()
+            except Exception as exc:
+                if not _no_answer(exc):
+                    raise
+                self._await_engine()
+        return call()
+
+    def _container_of(self, labels: CellLabels) -> Any:
+        """The container this process created for the run, if the engine has one."""
         try:
-            result = container.wait(timeout=max(1, int(min(left, _WAIT_SLICE_S) + 0.999)))
-            return result.get("StatusCode"), False
-        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            continue
+            found = self.client.containers.list(all=True, filters={"label": [
+                f"{RUN_DIR_LABEL}={labels.run_dir}", f"{OWNER_LABEL}={labels.owner}"]})
+        except Exception:
+            return None
+        return found[0] if found else None
+
+    def _wait(self, container: Any, timeout: float) -> tuple[int | None, bool]:
+        """Wait for the container to exit; kill it at the deadline.  (exit code, timed out).  An
+        engine that stops answering is waited for (``_await_engine``): back, the wait goes on —
+        the container ended with the engine, or lived through a live restore —; still silent,
+        ``_EngineSilent``.  The container removed from outside: ``_ContainerGone``."""
+        import docker
+
+        deadline = time.monotonic() + timeout
+        errors = 0
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    try:
+                        container.kill()
+                    except docker.errors.APIError:  # it exited in between
+                        pass
+                    try:
+                        return container.wait(timeout=30).get("StatusCode"), True
+                    except Exception as exc:
+                        if _read_timeout(exc):  # killed but not reaped within 30 s: no exit code
+                            return None, True
+                        raise
+                result = container.wait(timeout=max(1, int(min(left, _WAIT_SLICE_S) + 0.999)))
+                return result.get("StatusCode"), False
+            except docker.errors.NotFound:
+                raise _ContainerGone() from None
+            except Exception as exc:
+                if _read_timeout(exc):
+                    continue
+                if _no_answer(exc) or not self._answers():
+                    self._await_engine()
+                    continue
+                errors += 1  # an error answer: ask again, a few times
+                if errors >= 3:
+                    raise
+                time.sleep(0.5)
+
+    def _answers(self) -> bool:
+        try:
+            self.client.ping()
+            return True
+        except Exception:
+            return False
+
+
+def _engine_time(text: str | None) -> datetime | None:
+    """A time as the engine gives it (RFC 3339 with nanoseconds); None for its zero time or junk."""
+    match = _ENGINE_TIME.match(text or "")
+    if match is None or match[1].startswith("0001-"):
+        return None
+    zone = "+00:00" if match[3] == "Z" else match[3]
+    return datetime.fromisoformat(f"{match[1]}.{(match[2] or '0')[:6]:0<6}{zone}").astimezone(timezone.utc)
+
+
+def _write_json_new(path: Path, payload: Mapping[str, Any]) -> bool:
+    """Write JSON atomically, but only where no file of that name exists (two sweeps reaping
+    the same orphan write its record once); False when one did."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink()
+    fsync_dir(path.parent)
+    return True
 
 
 def _save_logs(container: Any, run_dir: Path) -> None:
@@ -379,4 +799,6 @@ def _docker_error_tail(run_dir: Path, status: str, timed_out: bool, timeout: flo
                 "went over its memory limit").lstrip("\n")
     # the container's exit code 128+N is signal N; the local executor's wording wants -N
     code = -(exit_code - 128) if exit_code is not None and exit_code > 128 and not timed_out else exit_code
-    return error_tail(run_dir, timed_out, timeout, code)
+    return error_tail(run_dir, timed_out, timeout, code,
+                      sigkill="from outside the cell: `docker kill`, `docker rm -f`, or the host's OOM killer; "
+                              "the engine reports no OOM kill of the container")

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import psutil
 
@@ -54,6 +54,47 @@ class Totals:
         }
 
 
+class SampleFile:
+    """``monitor.jsonl`` opened for the sampling thread, which must never die of a full or
+    failing disk: the first ``OSError`` (opening, writing, flushing or closing) stops the
+    writing and is kept in ``error``; the thread goes on sampling, so the run's aggregates
+    (``Totals``) are still returned and the cell is never disturbed by its monitor."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.error: OSError | None = None
+        self._out: TextIO | None = None
+
+    def __enter__(self) -> "SampleFile":
+        try:
+            self._out = open(self.path, "w", encoding="utf-8")
+        except OSError as exc:
+            self.error = exc
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        out, self._out = self._out, None
+        if out is not None:
+            try:
+                out.close()
+            except OSError as exc:
+                self.error = self.error or exc
+
+    def write(self, text: str) -> None:
+        self._do(lambda out: out.write(text))
+
+    def flush(self) -> None:
+        self._do(lambda out: out.flush())
+
+    def _do(self, action: Callable[[TextIO], object]) -> None:
+        if self._out is None or self.error is not None:
+            return
+        try:
+            action(self._out)
+        except OSError as exc:
+            self.error = exc
+
+
 @dataclass
 class Monitor:
     """Sample the tree rooted at ``pid`` every ``interval_s`` until ``stop()``."""
@@ -80,7 +121,7 @@ class Monitor:
         return self._totals.aggregates(self.interval_s)
 
     def _run(self) -> None:
-        with open(self.path, "w", encoding="utf-8") as out:
+        with SampleFile(self.path) as out:
             out.write(json.dumps({"type": "header", "schema_version": SCHEMA_VERSION,
                                   "interval_s": self.interval_s, "pid": self.pid}) + "\n")
             try:
@@ -88,7 +129,7 @@ class Monitor:
             finally:
                 out.flush()
 
-    def _loop(self, out: TextIO) -> None:
+    def _loop(self, out: "SampleFile") -> None:
         try:
             root = psutil.Process(self.pid)
         except psutil.NoSuchProcess:
@@ -158,7 +199,7 @@ class Monitor:
         scale = 100.0 / dt if dt > 0 else 0.0
         return user * scale, system * scale, rss, alive
 
-    def _record(self, out: TextIO, t: float, user: float, system: float, iowait: float,
+    def _record(self, out: "SampleFile", t: float, user: float, system: float, iowait: float,
                 rss: int, nprocs: int) -> None:
         out.write(json.dumps({"t": round(t, 3), "cpu_user": round(user, 2), "cpu_system": round(system, 2),
                               "iowait": round(iowait, 2), "rss_bytes": rss, "nprocs": nprocs}) + "\n")

@@ -30,12 +30,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import psutil
 
 from matrun.warehouse.bundles.layout import SCHEMA_VERSION
-from matrun.runner.executors.monitor import DEFAULT_INTERVAL_S, Totals, iowait_percent
+from matrun.runner.executors.monitor import DEFAULT_INTERVAL_S, SampleFile, Totals, iowait_percent
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 FIND_TIMEOUT_S = 2.0  # the cgroup appears as the container starts; wait this long for it
@@ -188,7 +188,7 @@ class CgroupMonitor:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.02)
-        with open(self.path, "w", encoding="utf-8") as out:
+        with SampleFile(self.path) as out:
             out.write(json.dumps({
                 "type": "header", "schema_version": SCHEMA_VERSION, "interval_s": self.interval_s,
                 "pid": self.pid, "container": self.container_id,
@@ -199,7 +199,7 @@ class CgroupMonitor:
             finally:
                 out.flush()
 
-    def _loop(self, out: TextIO, paths: CgroupPaths) -> None:
+    def _loop(self, out: SampleFile, paths: CgroupPaths) -> None:
         start = last_t = time.monotonic()
         last_cpu = read_cpu_seconds(paths)
         if last_cpu is None:
@@ -232,7 +232,7 @@ class CgroupMonitor:
                 out.flush()
                 last_flush = now
 
-    def _record(self, out: TextIO, t: float, user: float, system: float, iowait: float,
+    def _record(self, out: SampleFile, t: float, user: float, system: float, iowait: float,
                 rss: int, usage: int, nprocs: int) -> None:
         out.write(json.dumps({"t": round(t, 3), "cpu_user": round(user, 2), "cpu_system": round(system, 2),
                               "iowait": round(iowait, 2), "rss_bytes": rss, "nprocs": nprocs,

@@ -6,6 +6,8 @@
   (the timeout, the signal that killed it, the exit code).
 - ``refused_outcome``: a cell an executor cannot run, failed before anything started.
 - ``cancelled_outcome``: a run the sweep was interrupted in.
+- ``RunAborted``: an executor that cannot go on (the Docker engine stopped answering
+  mid-cell): the run's outcome, which the sweep records before it stops with the error.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import signal
 from datetime import datetime, timezone
 from pathlib import Path
 
+from matrun.errors import MatrunError
 from matrun.runner.executors.protocol import RunOutcome
 from matrun.warehouse.bundles.layout import EVENTS, STDERR, STDOUT
 from matrun.warehouse.bundles.write import tail_text
@@ -46,15 +49,16 @@ def has_summary(events: Path) -> bool:
         return False
 
 
-def error_tail(log_dir: Path, timed_out: bool, timeout: float, exit_code: int | None) -> str:
+def error_tail(log_dir: Path, timed_out: bool, timeout: float, exit_code: int | None, *,
+               sigkill: str = "possibly the kernel's OOM killer") -> str:
     """The end of ``log_dir``'s stderr and why the cell ended (``exit_code`` < 0: killed by that
-    signal, as ``subprocess`` reports it)."""
+    signal, as ``subprocess`` reports it; ``sigkill``: who may have sent a SIGKILL)."""
     tail = tail_text(log_dir / STDERR)
     if timed_out:
         note = f"killed after the cell's timeout of {timeout:g} s"
     elif exit_code is not None and exit_code < 0:
         name = signal.Signals(-exit_code).name if -exit_code in signal.valid_signals() else str(-exit_code)
-        note = f"killed by {name}" + (" (possibly the kernel's OOM killer)" if exit_code == -signal.SIGKILL else "")
+        note = f"killed by {name}" + (f" ({sigkill})" if exit_code == -signal.SIGKILL else "")
     elif exit_code == 0:
         note = "the harness exited 0 without writing a summary"
     else:
@@ -76,3 +80,14 @@ def cancelled_outcome() -> RunOutcome:
     now = datetime.now(timezone.utc).isoformat()
     return RunOutcome(status="cancelled", exit_code=None, error_tail="[matrun] the sweep was interrupted",
                       started_at=now, ended_at=now, wall_seconds=0.0)
+
+
+class RunAborted(MatrunError):
+    """The executor cannot run anything more (the Docker engine stopped answering mid-cell and
+    did not come back): ``outcome`` is how the run ended (failed, with the reason); the sweep
+    records it, then stops with this error (``Error: …``, exit 1) instead of failing every
+    following cell the same way."""
+
+    def __init__(self, message: str, outcome: RunOutcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-CPUSET = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+CPUSET = re.compile(r"^\d{1,4}(-\d{1,4})?(,\d{1,4}(-\d{1,4})?){0,1023}\Z")
 
 
 def parse_cpuset(text: str) -> set[int]:

@@ -44,8 +44,8 @@ REQUIRED = "required"  # always there; missing is an error
 OPTIONAL = "optional"  # added after the first harness: absent, it means the default
 HOST_ONLY = "host"  # a host-side setting (the executor enforces it); the harness ignores it
 
-_VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}$")
-_MEMORY = re.compile(r"^([0-9]{1,15})([kmg]?)b?$", re.I)
+_VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}\Z")
+_MEMORY = re.compile(r"^([0-9]{1,15})([kmg]?)b?\Z", re.I)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 

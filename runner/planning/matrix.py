@@ -3,12 +3,19 @@
 The format is documented in docs/MATRIX.md.  Every error names the file and a key path,
 ``matrix.toml: [axes -> batch_size -> 2] expected a positive integer, got "big"``, and all
 errors found are reported together.
+
+A hostile file ends in such an error too, never in a traceback or an exhausted machine: the
+file's size, the nesting of its values and the lengths of its paths are bounded, and the
+cells are counted (axes × zips + includes) before a single one is built; the product is then
+walked lazily, each combination resolved as it comes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -26,7 +33,24 @@ from matrun.runner.slurm.settings import SlurmSettings, parse_slurm_section
 SECTIONS = ("sweep", "fixed", "axes", "zip", "include", "exclude", "slurm")
 EXECUTORS = ("auto", "local", "docker", "slurm")
 DEFAULT_MAX_CELLS = 10_000
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: The most ``[sweep] max_cells`` may allow: beyond it planning alone takes minutes and
+#: gigabytes (every cell is resolved, checked and hashed before anything runs).
+MAX_CELLS_CEILING = 100_000
+#: At most this many ``[[exclude]]`` tables (each is tested against every combination).
+MAX_EXCLUDES = 1_000
+#: A matrix file larger than this is refused before it is read.
+MAX_MATRIX_BYTES = 16 * 2**20
+#: Tables and arrays nested in a matrix (``[[exclude]]`` → table → list → synthetic_shape is 4).
+MAX_NESTING = 8
+#: Paths: each component at most NAME_MAX bytes, the whole path at most PATH_MAX (Linux).
+MAX_PATH_COMPONENT_BYTES = 255
+MAX_PATH_BYTES = 4096
+#: At most this many errors are listed; the rest are counted.
+MAX_ERRORS = 50
+#: Keys that name a path (``[slurm] python`` is checked by its own rule as well).
+PATH_KEYS = ("results", "warehouse", "data_dir")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -59,8 +83,11 @@ class CellParams:
 
     @property
     def label(self) -> str:
-        keys = self.varying or ("framework", "model", "dataset")
-        return " ".join(f"{k}={plain(self.values[k])}" for k in keys)
+        """``key=value`` for each parameter that varies between the matrix's cells and that
+        this cell uses: a null value (a parameter that does not apply, such as ``kvstore``
+        for torch) is left out; framework, model and dataset when nothing else is left."""
+        parts = [f"{k}={plain(self.values[k])}" for k in self.varying if self.values[k] is not None]
+        return " ".join(parts or (f"{k}={plain(self.values[k])}" for k in ("framework", "model", "dataset")))
 
 
 @dataclass(frozen=True)
@@ -72,36 +99,64 @@ class Matrix:
 
 
 class _Errors:
+    """The problems found, each ``<file>: [<key path>] <message>``, on one line each: control
+    characters are shown escaped and long keys cut, so that what the user wrote cannot break
+    or flood the terminal; past ``MAX_ERRORS`` they are only counted."""
+
     def __init__(self, path: Path) -> None:
-        self.file = path.name
+        self.file = printable(path.name)
         self.items: list[str] = []
+        self.more = 0
 
     def add(self, where: tuple[Any, ...], message: str) -> None:
-        key = " -> ".join(str(p) for p in where)
-        self.items.append(f"{self.file}: [{key}] {message}")
+        if len(self.items) >= MAX_ERRORS:
+            self.more += 1
+            return
+        key = " -> ".join(printable(str(p), 60) for p in where)
+        self.items.append(f"{self.file}: [{key}] {printable(message)}")
 
     def raise_if_any(self) -> None:
         if self.items:
-            raise MatrixError("\n".join(self.items))
+            more = [f"{self.file}: … and {self.more:,} more problems"] if self.more else []
+            raise MatrixError("\n".join(self.items + more))
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x00``), cut to ``limit``."""
+    if limit is not None and len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def load_matrix(path: Path) -> Matrix:
     """Read, validate and expand a matrix file.  Raises ``MatrixError`` on any problem."""
+    shown = printable(str(path), 200)
     try:
-        text = path.read_text(encoding="utf-8")
+        size = path.stat().st_size
+        if size > MAX_MATRIX_BYTES:
+            raise MatrixError(f"{printable(path.name, 200)}: is {size / 2**20:.1f} MiB, over the "
+                              f"{MAX_MATRIX_BYTES // 2**20} MiB limit of a matrix file")
+        with open(path, "rb") as fh:
+            text = fh.read(MAX_MATRIX_BYTES + 1).decode("utf-8")
     except FileNotFoundError:
-        raise MatrixError(f"{path}: no such matrix file") from None
+        raise MatrixError(f"{shown}: no such matrix file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise MatrixError(f"{path}: cannot read: {exc}") from None
+        raise MatrixError(f"{shown}: cannot read: {printable(str(exc), 200)}") from None
+    name = printable(path.name, 200)
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise MatrixError(f"{path.name}: invalid TOML: {exc}") from None
+        raise MatrixError(f"{name}: invalid TOML: {printable(str(exc))}") from None
+    except RecursionError:  # tomllib recurses once per level of nested arrays / inline tables
+        raise MatrixError(f"{name}: invalid TOML: arrays or inline tables nested more than "
+                          f"{MAX_NESTING} deep") from None
     return parse_matrix(doc, path=path.resolve())
 
 
 def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:
     errors = _Errors(path)
+    _check_nesting(doc, errors)
+    errors.raise_if_any()
     for key in doc:
         if key not in SECTIONS:
             errors.add((key,), f"unknown section; expected one of {', '.join(SECTIONS)}")
@@ -112,31 +167,26 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:
     includes = _parse_rows(doc.get("include", []), "include", errors, lists=False)
     excludes = _parse_rows(doc.get("exclude", []), "exclude", errors, lists=True)
     slurm = parse_slurm_section(doc.get("slurm", {}), errors.add)
+    if slurm.python is not None:
+        problem = path_problem(slurm.python)
+        if problem:
+            errors.add(("slurm", "python"), problem)
     _check_overlaps(fixed, axes, zips, errors)
     errors.raise_if_any()
 
-    dims: list[list[dict[str, Any]]] = [[{k: v} for v in vals] for k, vals in axes.items()]
-    dims += [[{k: vals[i] for k, vals in group.items()} for i in range(_zip_len(group))] for group in zips]
-    size = math.prod(len(d) for d in dims)
+    # Counted before anything is built: the product of the axes' and zips' lengths, plus
+    # the includes (exclusions are known only combination by combination).
+    size = math.prod(len(vals) for vals in axes.values()) * math.prod(_zip_len(g) for g in zips)
+    size += len(includes)
     if size > sweep.max_cells:
         raise MatrixError(
-            f"{path.name}: [axes] the matrix expands to {size:,} cells, over the limit of "
-            f"{sweep.max_cells:,}; narrow the axes or raise [sweep] max_cells")
-
-    combos: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-    for picks in itertools.product(*dims):
-        combo: dict[str, Any] = {}
-        for pick in picks:
-            combo.update(pick)
-        if not any(_matches(combo, rule, fixed) for rule in excludes):
-            combos.append((("axes",), combo))
-    combos += [(("include", n), row) for n, row in enumerate(includes)]
-    if not combos:
-        raise MatrixError(f"{path.name}: [exclude] every combination is excluded: the matrix expands to no cells")
+            f"{errors.file}: [axes] the matrix expands to {size:,} cells, over the limit of "
+            f"{sweep.max_cells:,}; narrow the axes or raise [sweep] max_cells (at most "
+            f"{MAX_CELLS_CEILING:,}; cells are counted before [[exclude]])")
 
     resolved: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for where, combo in combos:
+    seen: set[bytes] = set()
+    for where, combo in _combinations(axes, zips, includes, excludes, fixed):
         values = {name: p.default for name, p in PARAMS.items()}
         values["timeout"] = sweep.timeout
         values.update(fixed)
@@ -149,15 +199,41 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:
             else:
                 errors.add(("fixed",), str(exc))
             continue
-        key = repr(sorted(values.items()))
+        # 16 bytes per cell, not its whole text: a large matrix stays small in memory
+        key = hashlib.blake2b(repr(sorted(values.items())).encode(), digest_size=16).digest()
         if key not in seen:  # an include may repeat a product cell: keep one
             seen.add(key)
             resolved.append(values)
     errors.raise_if_any()
+    if not resolved:
+        raise MatrixError(f"{errors.file}: [exclude] every combination is excluded: the matrix expands to no cells")
 
-    varying = tuple(k for k in PARAMS if len({plain(r[k]) for r in resolved}) > 1)
+    varying = tuple(k for k in PARAMS if _varies(resolved, k))
     cells = tuple(CellParams(MappingProxyType(r), varying) for r in resolved)
     return Matrix(path=path, sweep=sweep, cells=cells, slurm=slurm)
+
+
+def _combinations(axes: dict[str, list[Any]], zips: list[dict[str, list[Any]]],
+                  includes: list[dict[str, Any]], excludes: list[dict[str, Any]],
+                  fixed: dict[str, Any]) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """(where, values) of each combination, lazily: the product in order, less what an
+    ``[[exclude]]`` matches, then the includes."""
+    dims: list[list[dict[str, Any]]] = [[{k: v} for v in vals] for k, vals in axes.items()]
+    dims += [[{k: vals[i] for k, vals in group.items()} for i in range(_zip_len(group))] for group in zips]
+    for picks in itertools.product(*dims):
+        combo: dict[str, Any] = {}
+        for pick in picks:
+            combo.update(pick)
+        if not any(_matches(combo, rule, fixed) for rule in excludes):
+            yield ("axes",), combo
+    for n, row in enumerate(includes):
+        yield ("include", n), row
+
+
+def _varies(rows: list[dict[str, Any]], key: str) -> bool:
+    """Whether ``key`` takes more than one value (as labels spell it) over ``rows``."""
+    first = rows[0][key]
+    return any(r[key] != first for r in rows) and len({plain(r[key]) for r in rows}) > 1
 
 
 def canonical(values: dict[str, Any]) -> dict[str, Any]:
@@ -237,12 +313,12 @@ def _parse_sweep(raw: Any, errors: _Errors, *, base: Path) -> SweepSettings:
                                   f"not starting with '.' or '-'), got {show(value)}")
             else:
                 kw["name"] = value
-        elif key in ("results", "warehouse", "data_dir"):
-            if not isinstance(value, str) or not value.strip() or "\x00" in value:
-                errors.add(where, f"expected a path, got {show(value)}")
+        elif key in PATH_KEYS:
+            resolved, problem = _path(value, base)
+            if problem:
+                errors.add(where, problem)
             else:
-                p = Path(value).expanduser()
-                kw[key] = p if p.is_absolute() else base / p
+                kw[key] = resolved
         elif key == "repeats":
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
                 errors.add(where, f"expected a repeat count from 1 to 1000, got {show(value)}")
@@ -259,8 +335,8 @@ def _parse_sweep(raw: Any, errors: _Errors, *, base: Path) -> SweepSettings:
             else:
                 kw["executor"] = value
         elif key == "max_cells":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                errors.add(where, f"expected a positive integer, got {show(value)}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CELLS_CEILING:
+                errors.add(where, f"expected a positive integer at most {MAX_CELLS_CEILING:,}, got {show(value)}")
             else:
                 kw["max_cells"] = value
         else:
@@ -269,6 +345,56 @@ def _parse_sweep(raw: Any, errors: _Errors, *, base: Path) -> SweepSettings:
     kw.setdefault("results", base / "results")
     kw.setdefault("warehouse", base / "matrun.duckdb")
     return SweepSettings(**kw)
+
+
+def _path(value: Any, base: Path) -> tuple[Path | None, str | None]:
+    """A path value: ``~`` expanded, relative to ``base``; or the problem with it."""
+    if not isinstance(value, str) or not value.strip():
+        return None, f"expected a path, got {show(value)}"
+    if _CONTROL.search(value):
+        return None, f"expected a path without control characters, got {show(value)}"
+    try:
+        p = Path(value).expanduser()
+    except RuntimeError:  # "~user" of no such user, or no home directory
+        return None, f"cannot expand {show(value.split('/', 1)[0])}: no such user's home directory"
+    p = p if p.is_absolute() else base / p
+    problem = path_problem(str(p))
+    return (None, problem) if problem else (p, None)
+
+
+def path_problem(path: str) -> str | None:
+    """Why ``path`` cannot name a file on Linux, or None: a NUL or other control character,
+    a component over ``MAX_PATH_COMPONENT_BYTES`` bytes, the whole over ``MAX_PATH_BYTES``."""
+    if _CONTROL.search(path):
+        return f"expected a path without control characters, got {show(path)}"
+    try:
+        encoded = os.fsencode(path)
+    except UnicodeError:
+        return f"expected a path of UTF-8 text, got {show(path)}"
+    if len(encoded) > MAX_PATH_BYTES:
+        return (f"is a path of {len(encoded):,} bytes ({show(path)}); a path may have at most "
+                f"{MAX_PATH_BYTES:,}")
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > MAX_PATH_COMPONENT_BYTES:
+        name = show(os.fsdecode(longest))
+        return (f"has a file name of {len(longest):,} bytes ({name}); a name may have at most "
+                f"{MAX_PATH_COMPONENT_BYTES}")
+    return None
+
+
+def _check_nesting(doc: Mapping[str, Any], errors: _Errors) -> None:
+    """Refuse tables and arrays nested deeper than ``MAX_NESTING``, before anything formats
+    or compares such values (iterative: the check itself cannot run out of stack)."""
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), doc)]
+    while stack:
+        where, value = stack.pop()
+        if not isinstance(value, (dict, list)):
+            continue
+        if len(where) > MAX_NESTING:
+            errors.add(where, f"nests tables and arrays more than {MAX_NESTING} deep")
+            continue
+        members = value.items() if isinstance(value, dict) else enumerate(value)
+        stack.extend((where + (k,), v) for k, v in members if isinstance(v, (dict, list)))
 
 
 def _check_value(where: tuple[Any, ...], key: str, value: Any, errors: _Errors) -> Any:
@@ -296,6 +422,9 @@ def _parse_list(where: tuple[Any, ...], key: str, values: Any, errors: _Errors, 
         return []
     if not values:
         errors.add(where, "is empty: an axis needs at least one value")
+        return []
+    if len(values) > MAX_CELLS_CEILING:
+        errors.add(where, f"has {len(values):,} values; a matrix has at most {MAX_CELLS_CEILING:,} cells")
         return []
     if key not in PARAMS:
         errors.add(where, f"unknown parameter; known: {', '.join(PARAMS)}")
@@ -337,6 +466,10 @@ def _parse_zips(raw: Any, errors: _Errors) -> list[dict[str, list[Any]]]:
 def _parse_rows(raw: Any, section: str, errors: _Errors, *, lists: bool) -> list[dict[str, Any]]:
     if not isinstance(raw, list):
         errors.add((section,), f"expected [[{section}]] tables")
+        return []
+    limit = MAX_EXCLUDES if section == "exclude" else MAX_CELLS_CEILING
+    if len(raw) > limit:
+        errors.add((section,), f"has {len(raw):,} [[{section}]] tables; at most {limit:,}")
         return []
     rows = []
     for n, row in enumerate(raw):

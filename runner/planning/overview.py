@@ -15,7 +15,10 @@ from matrun.warehouse.bundles.layout import RESULT
 
 
 def plan_rows(*, matrix_path: Path, where: Sequence[str] = ()) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One row per selected cell, and a footer with counts and the time estimate."""
+    """One row per selected cell, and a footer with counts and the time estimate.
+
+    A row holds each varying parameter's value as text, ``-`` where the cell does not use it.
+    """
     matrix = load_matrix(matrix_path)
     runner, _ = get_executor(matrix.sweep.executor)
     cells = select(plan_cells(matrix, runner.env_id), parse_where(where))
@@ -35,11 +38,16 @@ def plan_rows(*, matrix_path: Path, where: Sequence[str] = ()) -> tuple[list[dic
             have_estimate = True
         rows.append({"cell_id": pc.cell_id, "env_id": pc.env_id, "done": n_done,
                      "estimate_s": known.get(pc.cell_id),
-                     **{k: as_text(pc.cell.values[k]) for k in varying}})
+                     **{k: _shown(pc.cell.values[k]) for k in varying}})
     footer = {"cells": len(cells), "repeats": repeats, "runs": len(cells) * repeats,
               "done": len(cells) * repeats - todo, "todo": todo, "varying": varying,
               "estimate_s": estimate if have_estimate and todo else None}
     return rows, footer
+
+
+def _shown(value: Any) -> str:
+    """A parameter's value in the plan's table: ``-`` where the cell does not use it (null)."""
+    return "-" if value is None else as_text(value)
 
 
 def status_rows(*, matrix_path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -40,13 +40,14 @@ from matrun.runner.slurm.state import (
 from matrun.runner.sweep.records import write_result
 from matrun.warehouse.bundles.layout import RESULT, SPEC, STDERR, RunKey
 from matrun.warehouse.bundles.write import ERROR_TAIL_BYTES, tail_text, write_json_atomic
+from matrun.warehouse.bundles.read import loads
 
 JOBS_DIR = ".slurm"  # <results>/<sweep>/.slurm/<submission>/
 TASKS = "tasks.json"
 JOB = "job.json"
 SCRIPT = "task.sh"
 TASK_RECORD = "slurm.json"  # in a run directory: written by the task when it starts
-_SUBMISSION = re.compile(r"^[0-9T]+-[0-9]+-[0-9]+$")
+_SUBMISSION = re.compile(r"^[0-9T]+-[0-9]+-[0-9]+\Z")
 
 
 @dataclass(frozen=True)
@@ -215,8 +216,8 @@ class SweepJobs:
         if run_dir in self._status:
             return self._status[run_dir]
         try:
-            status = json.loads((run_dir / RESULT).read_text()).get("status")
-        except (OSError, ValueError):
+            status = loads((run_dir / RESULT).read_bytes()).get("status")  # never a RecursionError
+        except (OSError, ValueError, AttributeError):
             return None
         self._status[run_dir] = str(status)
         return self._status[run_dir]

@@ -19,7 +19,7 @@ from matrun.errors import InputError
 
 #: Partition, account and QOS names: letters, digits, '_', '.', '-' ('+' in QOS names too);
 #: a partition may be a comma-separated list.  Nothing that could be read as an option.
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}\Z")
 #: sbatch flags a matrix may add (``sbatch_args``): site-specific placement and bookkeeping.
 #: Everything matrun sets itself (array, resources, time, output, working directory,
 #: environment, requeue) and everything that changes which cluster or user is refused.
@@ -32,8 +32,8 @@ ALLOWED_SBATCH_FLAGS = frozenset({
     "use-min-nodes",
 })
 _VALUELESS_FLAGS = frozenset({"contiguous", "spread-job", "use-min-nodes"})
-_SBATCH_ARG = re.compile(r"^--([a-z][a-z0-9-]*)(?:=(.*))?$", re.S)
-_PRINTABLE = re.compile(r"^[^\x00-\x1f\x7f]{1,256}$")
+_SBATCH_ARG = re.compile(r"^--([a-z][a-z0-9-]*)(?:=(.*))?\Z", re.S)
+_PRINTABLE = re.compile(r"^[^\x00-\x1f\x7f]{1,256}\Z")
 SLURM_KEYS = ("partition", "account", "qos", "exclusive", "throttle", "time_margin", "max_time",
               "sbatch_args", "python", "poll_interval", "grace", "runtime")
 RUNTIMES = ("docker", "local")

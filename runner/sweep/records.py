@@ -1,4 +1,4 @@
-"""What both sweep loops share: a run's directory and records, ingesting, the lock, the events.
+"""What both sweep loops share: a run's directory and records, ingesting, the locks, the events.
 
 The synchronous loop (``runner/sweep/run.py``) and the asynchronous one
 (``runner/slurm/loop.py``) each prepare a run's new attempt directory with its ``spec.json``
@@ -6,10 +6,18 @@ The synchronous loop (``runner/sweep/run.py``) and the asynchronous one
 sweep, by a Slurm task, or for a run Slurm ended), ingest what finished without failing the
 sweep when the warehouse cannot take it (``ingest_quietly``), hold the sweep's lock
 (``sweep_lock``) and report to the caller through ``SweepEvent`` and ``SweepSummary``.
+
+Sweeps that share a results directory share its runs (docs/BUNDLE.md, "Runs shared by
+sweeps"): attempts are numbered per results directory, under its ``.attempts.lock``
+(``prepare_run``), so a run id never names two runs; a synchronous sweep runs a (cell, repeat)
+only while it holds that pair's claim (``RunClaim``, ``<results>/.claims/``) and, once it holds
+it, first looks for an ok run another sweep made meanwhile (``ok_runs_on_disk``).  An
+``OSError`` of the sweep's own files becomes ``path_error``'s ``Error:`` naming the path.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import platform
@@ -22,19 +30,27 @@ from typing import Any, Iterator
 import psutil
 
 import matrun
-from matrun.errors import MatrunError, SweepLocked
+from matrun.errors import InputError, MatrunError, SweepLocked
 from matrun.runner.executors.protocol import RunOutcome
 from matrun.runner.planning.identity import PlannedCell
 from matrun.runner.planning.matrix import Matrix
-from matrun.warehouse.bundles.layout import RESULT, SCHEMA_VERSION, SPEC, RunKey
+from matrun.warehouse.bundles.layout import RESULT, SCHEMA_VERSION, SPEC, RunKey, parse_run_dir_name
 from matrun.warehouse.bundles.write import next_attempt, write_json_atomic
+from matrun.warehouse.bundles.read import loads
 
 INGEST_WAIT_S = 60.0  # how long an ingest waits for the warehouse's lock
+#: Under the results directory: one claim file per (cell, repeat) (``RunClaim``).  Sweep names
+#: never start with a dot (runner/planning/matrix.py), so these never clash with a sweep.
+CLAIMS_DIR = ".claims"
+#: Under the results directory: held while a run's attempt number is chosen (``prepare_run``).
+ATTEMPTS_LOCK = ".attempts.lock"
+#: A path longer than this is shortened in messages (its start, its end and its length).
+MESSAGE_PATH_CHARS = 240
 
 
 @dataclass
 class SweepEvent:
-    kind: str  # "message" | "plan" | "run-start" | "run-end"
+    kind: str  # "message" | "plan" | "run-start" | "run-end" | "run-skip" (done by another sweep meanwhile)
     text: str = ""
     total: int = 0
     estimate_s: float | None = None
@@ -51,7 +67,12 @@ class SweepSummary:
     skipped_done: int = 0
     ran: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
-    not_ingested: list[str] = field(default_factory=list)
+    done_elsewhere: int = 0  # (cell, repeat)s another sweep of the results directory ran (in skipped_done)
+    # What the sweep's ingests did (catch-up included): bundles put into the warehouse, found
+    # there already, and skipped ("path: reason": refused, or not ingested at all).
+    ingested: int = 0
+    unchanged: int = 0
+    skipped: list[str] = field(default_factory=list)
     # asynchronous executors (slurm)
     submitted: int = 0
     job_ids: list[str] = field(default_factory=list)
@@ -64,22 +85,169 @@ class SweepSummary:
         self.ran += 1
         self.by_status[status] = self.by_status.get(status, 0) + 1
 
+    def add_ingest(self, report: Any) -> None:
+        """Count what one ``warehouse.ingest`` did (its ``IngestReport``)."""
+        self.ingested += len(report.ingested)
+        self.unchanged += len(report.unchanged)
+        self.skipped.extend(f"{path}: {reason}" for path, reason in report.skipped)
+
+    @property
+    def failed(self) -> bool:
+        """Whether a run of this sweep ended other than ok."""
+        return self.by_status.get("ok", 0) < self.ran
+
+
+class SweepStopped(MatrunError):
+    """The sweep stopped before its end (a full disk, a path it cannot write, a warehouse
+    error): the message says why; ``summary`` is what it did until then (every run it
+    finished is on disk, and in the warehouse unless ``summary.skipped`` says otherwise)."""
+
+    def __init__(self, cause: MatrunError, summary: SweepSummary) -> None:
+        super().__init__(str(cause))
+        self.exit_code = cause.exit_code
+        self.summary = summary
+
+
+def short_path(path: Path | str) -> str:
+    """``path`` for a message: whole, or its start and end with its length when it is long."""
+    text = str(path)
+    if len(text) <= MESSAGE_PATH_CHARS:
+        return text
+    return f"{text[:MESSAGE_PATH_CHARS // 2]}…{text[-MESSAGE_PATH_CHARS // 4:]} ({len(text)} characters)"
+
+
+def path_error(exc: OSError, path: Path | str | None = None) -> MatrunError:
+    """An ``OSError`` of one of the sweep's files as the error a user reads: what the system
+    said and the path, e.g. ``no space left on device: /results/demo/…/0-1/result.json``.
+    A name too long for the file system is bad input (exit 2); anything else a failure (1)."""
+    where = exc.filename if exc.filename is not None else path
+    text = (exc.strerror or str(exc) or type(exc).__name__).rstrip(".")
+    text = text[:1].lower() + text[1:]
+    message = f"{text}: {short_path(where)}" if where is not None else text
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        message += " (every finished run is kept; free some space and run the sweep again)"
+    return InputError(message) if exc.errno == errno.ENAMETOOLONG else MatrunError(message)
+
 
 def prepare_run(matrix: Matrix, pc: PlannedCell, repeat: int, earlier_attempt: int,
                 data_dir: Path) -> tuple[RunKey, Path]:
-    """The run's new attempt directory with its spec.json.  Attempts count across sweeps:
-    ``earlier_attempt`` is the highest the warehouse knows of (another sweep's folder too)."""
+    """The run's new attempt directory with its spec.json.
+
+    Attempts are numbered per results directory: one more than the highest attempt of the
+    (cell, repeat) in any sweep's folder there (``next_attempt``) and than ``earlier_attempt``,
+    the highest the warehouse knows of (a run made under another results directory).  The
+    number is chosen and the directory made under the results directory's ``.attempts.lock``,
+    so two sweeps can never make the same run id.  An ``OSError`` (a full disk) is raised, and
+    the directory removed again when spec.json could not be written.
+    """
     results = matrix.sweep.results
-    attempt = max(next_attempt(results, matrix.sweep.name, pc.cell_id, repeat), earlier_attempt + 1)
-    key = RunKey(matrix.sweep.name, pc.cell_id, repeat, attempt)
-    run_dir = key.directory(results)
-    run_dir.mkdir(parents=True)
-    write_json_atomic(run_dir / SPEC, {
-        "schema_version": SCHEMA_VERSION, "sweep": key.sweep, "cell_id": key.cell_id,
-        "repeat": key.repeat, "attempt": key.attempt, "env_id": pc.env_id,
-        "data_dir": str(data_dir), "params": pc.params,
-    })
+    with _held(results / ATTEMPTS_LOCK):
+        attempt = max(next_attempt(results, pc.cell_id, repeat), earlier_attempt + 1)
+        key = RunKey(matrix.sweep.name, pc.cell_id, repeat, attempt)
+        run_dir = key.directory(results)
+        run_dir.mkdir(parents=True)
+    try:
+        write_json_atomic(run_dir / SPEC, {
+            "schema_version": SCHEMA_VERSION, "sweep": key.sweep, "cell_id": key.cell_id,
+            "repeat": key.repeat, "attempt": key.attempt, "env_id": pc.env_id,
+            "data_dir": str(data_dir), "params": pc.params,
+        })
+    except BaseException:
+        try:  # still empty: nothing ran, nothing to keep
+            run_dir.rmdir()
+        except OSError:
+            pass
+        raise
     return key, run_dir
+
+
+@contextmanager
+def _held(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (made when missing), held for the block."""
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
+def ok_runs_on_disk(results: Path, cell_id: str, repeat: int) -> list[Path]:
+    """The run directories of (cell, repeat), in any sweep's folder of ``results``, whose
+    ``result.json`` says ``ok`` (not validated further: ingest does that)."""
+    found = []
+    try:
+        sweeps = sorted(entry for entry in results.iterdir() if not entry.name.startswith("."))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    for sweep_dir in sweeps:
+        try:
+            entries = sorted((sweep_dir / cell_id).iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for run_dir in entries:
+            parsed = parse_run_dir_name(run_dir.name)
+            if not parsed or parsed[0] != repeat:
+                continue
+            try:
+                with open(run_dir / RESULT, "rb") as fh:
+                    status = loads(fh.read(1 << 20)).get("status")  # never a RecursionError
+            except (OSError, ValueError, AttributeError):
+                continue
+            if status == "ok":
+                found.append(run_dir)
+    return found
+
+
+class RunClaim:
+    """The right to run one (cell, repeat) of a results directory, shared by every sweep that
+    writes there: an exclusive ``flock`` on ``<results>/.claims/<cell_id>-<repeat>.lock``, held
+    from before the run's attempt is chosen until its bundle is ingested.  The kernel drops it
+    when its process dies (kill -9 included), so a claim never outlives its holder.  The file
+    holds the holder's pid and sweep, for the message of a sweep that waits."""
+
+    def __init__(self, results: Path, cell_id: str, repeat: int, sweep: str) -> None:
+        self.path = results / CLAIMS_DIR / f"{cell_id}-{repeat}.lock"
+        self.sweep = sweep
+        self._fd: int | None = None
+
+    def take(self, *, wait: bool) -> bool:
+        """Take the claim; without ``wait``, False when another process holds it."""
+        self.path.parent.mkdir(exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        _note_holder(fd, f"pid {os.getpid()}, sweep {self.sweep!r}")
+        return True
+
+    def holder(self) -> str:
+        """Who holds the claim, as its file says."""
+        try:
+            return self.path.read_text(encoding="utf-8", errors="replace").strip()[:200] or "another sweep"
+        except OSError:
+            return "another sweep"
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        _note_holder(self._fd, "")
+        os.close(self._fd)  # releases the lock
+        self._fd = None
+
+
+def _note_holder(fd: int, text: str) -> None:
+    """Write who holds a lock into its file, unbuffered: the text is only for messages, so a
+    full disk (nothing written) does not matter and leaves nothing to flush later."""
+    try:
+        os.ftruncate(fd, 0)
+        if text:
+            os.pwrite(fd, text.encode(), 0)
+    except OSError:
+        pass
 
 
 def write_result(key: RunKey, run_dir: Path, env_id: str, executor: str,
@@ -96,20 +264,21 @@ def write_result(key: RunKey, run_dir: Path, env_id: str, executor: str,
     })
 
 
-def ingest_quietly(paths: list[Path], warehouse: Path, summary: SweepSummary) -> None:
-    """Ingest finished runs; what the warehouse did not take goes to ``summary.not_ingested``
-    (the bundles are safe on disk: ``matrun ingest`` loads them later)."""
+def ingest_quietly(paths: list[Path], warehouse: Path, summary: SweepSummary) -> Any:
+    """Ingest finished runs and count it in ``summary``; what the warehouse did not take goes
+    to ``summary.skipped`` (the bundles are safe on disk: ``matrun ingest`` loads them later).
+    Returns the ``IngestReport``, or None when the warehouse refused the whole ingest."""
     # Imported here: duckdb and pyarrow are heavy, and Slurm tasks import this module (for
     # write_result and host_info) on every node without ever ingesting.
     from matrun.warehouse.ingest import ingest
 
     try:
         report = ingest(paths, warehouse=warehouse, wait_s=INGEST_WAIT_S)
-    except MatrunError as exc:  # the bundle is safe on disk; say how to load it later
-        summary.not_ingested.append(f"{paths[0]}: {exc}")
-        return
-    for path, reason in report.skipped:
-        summary.not_ingested.append(f"{path}: {reason}")
+    except MatrunError as exc:  # the bundles are safe on disk; say how to load them later
+        summary.skipped.extend(f"{path}: not ingested: {exc}" for path in paths)
+        return None
+    summary.add_ingest(report)
+    return report
 
 
 @contextmanager
@@ -117,22 +286,21 @@ def sweep_lock(sweep_dir: Path, name: str) -> Iterator[None]:
     """One ``matrun sweep`` (or ``matrun cancel``'s recording) of a sweep at a time:
     ``SweepLocked`` names the process that holds it."""
     path = sweep_dir / ".sweep.lock"
-    with open(path, "a+") as fh:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             raise SweepLocked(f"sweep {name!r} is already running in {holder} "
                               f"(lock {path}); wait for it or stop it first") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()}")
-        fh.flush()
+        _note_holder(fd, f"pid {os.getpid()}")
         try:
             yield
         finally:
-            fh.truncate(0)
+            _note_holder(fd, "")
+    finally:
+        os.close(fd)
 
 
 def host_info() -> dict[str, Any]:

@@ -6,6 +6,15 @@ ingest is caught up; then every (cell, repeat) without an ok run is run as a new
 A run's bundle is complete (``result.json`` written) before it is ingested, so a failure of
 the warehouse loses nothing: ``matrun ingest`` picks the bundle up later.
 
+Sweeps that share a results directory share its runs (docs/BUNDLE.md, "Runs shared by
+sweeps"): a (cell, repeat) with an ok run in another sweep's folder is done (that bundle is
+ingested, not run again), and a synchronous sweep runs a (cell, repeat) only while it holds its
+``RunClaim`` — one that another sweep holds is left for the end, then waited for and looked at
+again.  A full disk, or any ``OSError`` of the sweep's own files, stops the sweep with
+``SweepStopped`` (``Error: no space left on device: PATH``): the run in flight is recorded when
+its ``result.json`` can still be written, every finished run stays, and the next sweep, once
+there is space, goes on from there.
+
 The loop follows the executor's kind (``runner/executors/protocol.py``).  A ``SyncExecutor``
 (local, docker) runs one cell at a time here.  An ``AsyncExecutor`` (slurm) gets every run at
 once and is waited on by the asynchronous loop, ``runner/slurm/loop.py``; runs already queued or
@@ -14,13 +23,15 @@ running from an earlier (detached) sweep are waited for, never submitted again.
 
 from __future__ import annotations
 
+import os
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from matrun.errors import InputError
-from matrun.runner.executors.outcomes import cancelled_outcome
+from matrun.errors import InputError, MatrunError, SweepLocked
+from matrun.runner.executors.outcomes import RunAborted, cancelled_outcome
 from matrun.runner.executors.protocol import AsyncExecutor, Executor, RunOutcome, RunRequest, SyncExecutor
-from matrun.runner.executors.registry import get_executor
+from matrun.runner.executors.registry import get_executor, reap_orphans
 from matrun.runner.planning.history import done_runs, durations
 from matrun.runner.planning.identity import PlannedCell, plan_cells
 from matrun.runner.planning.preflight import preflight, preflight_data, resolve_data_dir
@@ -28,9 +39,15 @@ from matrun.runner.planning.selection import parse_where, select
 from matrun.runner.planning.matrix import Matrix, load_matrix
 from matrun.runner.slurm.loop import run_async
 from matrun.runner.sweep.records import (
-    INGEST_WAIT_S, SweepEvent, SweepSummary, host_info, ingest_quietly, prepare_run, sweep_lock, write_result,
+    INGEST_WAIT_S, RunClaim, SweepEvent, SweepStopped, SweepSummary, host_info, ingest_quietly, ok_runs_on_disk,
+    path_error, prepare_run, sweep_lock, write_result,
 )
+from matrun.warehouse.bundles.read import load_bundle
 from matrun.warehouse.ingest import ingest
+
+#: After a run that did not end ok, less free space than this under the results directory
+#: means the disk is full: the sweep stops rather than fail every cell after it.
+LOW_SPACE_BYTES = 1 << 20
 
 
 def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = False,
@@ -39,9 +56,19 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
     """Run (or, for slurm, submit) every selected (cell, repeat) without an ok run.
 
     ``slurm``: overrides of the matrix's ``[slurm]`` settings (``SlurmSettings`` field names;
-    ``None`` values are ignored).  ``detach``: slurm only, return once submitted.
+    ``None`` values are ignored).  ``detach``: slurm only, return once submitted.  Raises
+    ``SweepStopped`` (with the summary so far) when the sweep stops after it has begun.
     """
-    emit = on_event or (lambda event: None)
+    try:
+        return _run_sweep(matrix_path=matrix_path, where=where, force=force, executor=executor,
+                          emit=on_event or (lambda event: None), detach=detach, slurm=slurm)
+    except OSError as exc:  # a path of the sweep's the system refused, before anything ran
+        raise path_error(exc) from None
+
+
+def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor: str | None,
+               emit: Callable[[SweepEvent], None], detach: bool,
+               slurm: Mapping[str, Any] | None) -> SweepSummary:
     matrix = load_matrix(matrix_path)
     filters = parse_where(where)
     name = executor or matrix.sweep.executor
@@ -61,61 +88,191 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
     _check_enforced(cells, runner)
     _check_refusals(cells, runner)
     summary = SweepSummary(sweep=matrix.sweep.name, executor=runner.name)
-    results = matrix.sweep.results
-    sweep_dir = results / matrix.sweep.name
+    sweep_dir = matrix.sweep.results / matrix.sweep.name
     sweep_dir.mkdir(parents=True, exist_ok=True)
 
     with sweep_lock(sweep_dir, matrix.sweep.name):
-        jobs = None
-        in_flight: set[tuple[str, int]] = set()
-        if isinstance(runner, AsyncExecutor):  # what earlier submissions still do; results Slurm decided are written
-            jobs = runner.jobs(sweep_dir)
-            in_flight = {(v.cell_id, v.repeat) for v in jobs.refresh() if v.in_flight}
-            summary.warnings.extend(jobs.warnings)
-        _catch_up(sweep_dir, matrix, emit)
-        done = done_runs(matrix.sweep.warehouse)
-        todo = [(pc, r) for r in range(matrix.sweep.repeats) for pc in cells
-                if (force or not done.get((pc.cell_id, r), {}).get("ok")) and (pc.cell_id, r) not in in_flight]
-        summary.planned = len(cells) * matrix.sweep.repeats
-        selected = {(pc.cell_id, r) for pc in cells for r in range(matrix.sweep.repeats)}
-        summary.in_flight = len(in_flight)  # all of them are waited for, selected by --where or not
-        summary.skipped_done = summary.planned - len(todo) - len(in_flight & selected)
-        known = durations(matrix.sweep.warehouse)
-        estimate = _estimate(todo, known)
-        waiting = f", {summary.in_flight} already queued or running in Slurm" if summary.in_flight else ""
-        emit(SweepEvent("plan", f"{len(todo)} runs to do, {summary.skipped_done} already done{waiting}",
-                        total=len(todo) + (0 if detach else summary.in_flight), estimate_s=estimate))
-        if isinstance(runner, AsyncExecutor):
-            return run_async(runner, jobs, matrix, todo, done, data_dir, summary, emit, detach=detach)
-        if not todo:
-            return summary
-        runner.prepare({(pc.params["framework"], pc.params["variant"]) for pc, _ in todo},
-                       log=lambda text: emit(SweepEvent("message", text)))
-        host = host_info()
-        for pc, repeat in todo:
-            emit(SweepEvent("run-start", cell=pc, repeat=repeat))
-            # Attempts count across sweeps: the same cell may have run in another sweep's folder.
-            earlier = done.get((pc.cell_id, repeat), {}).get("max_attempt") or 0
-            outcome = _run_one(runner, matrix, pc, repeat, earlier, data_dir, host, summary)
-            summary.count(outcome.status)
-            emit(SweepEvent("run-end", cell=pc, repeat=repeat, outcome=outcome))
+        try:
+            return _locked(runner, matrix, cells, data_dir, force, detach, summary, emit)
+        except SweepLocked:
+            raise
+        except OSError as exc:  # a full disk, a path the system refuses: what ran is kept
+            raise SweepStopped(path_error(exc), summary) from None
+        except SweepStopped:
+            raise
+        except MatrunError as exc:  # the warehouse, mostly: every bundle is on disk
+            raise SweepStopped(exc, summary) from None
+
+
+def _locked(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], data_dir: Path, force: bool,
+            detach: bool, summary: SweepSummary, emit: Callable[[SweepEvent], None]) -> SweepSummary:
+    """The sweep, under its lock: catch up, plan what is left, run it."""
+    sweep_dir = matrix.sweep.results / matrix.sweep.name
+    jobs = None
+    in_flight: set[tuple[str, int]] = set()
+    if isinstance(runner, AsyncExecutor):  # what earlier submissions still do; results Slurm decided are written
+        jobs = runner.jobs(sweep_dir)
+        in_flight = {(v.cell_id, v.repeat) for v in jobs.refresh() if v.in_flight}
+        summary.warnings.extend(jobs.warnings)
+    # containers of sweeps killed outright: stopped, their runs recorded for the catch-up (docker)
+    reap_orphans(runner, log=lambda text: emit(SweepEvent("message", text)))
+    _catch_up(sweep_dir, matrix, summary, emit)
+    done = done_runs(matrix.sweep.warehouse)
+    todo = [(pc, r) for r in range(matrix.sweep.repeats) for pc in cells
+            if (force or not done.get((pc.cell_id, r), {}).get("ok")) and (pc.cell_id, r) not in in_flight]
+    if not force:  # ok runs in other sweeps' folders of the results directory (a rebuilt warehouse)
+        elsewhere = _done_on_disk(matrix, todo, summary)
+        if elsewhere:
+            emit(SweepEvent("message", f"{len(elsewhere)} runs were done by other sweeps of "
+                                       f"{matrix.sweep.results} (ingested from their folders)"))
+            todo = [(pc, r) for pc, r in todo if (pc.cell_id, r) not in elsewhere]
+    summary.planned = len(cells) * matrix.sweep.repeats
+    selected = {(pc.cell_id, r) for pc in cells for r in range(matrix.sweep.repeats)}
+    summary.in_flight = len(in_flight)  # all of them are waited for, selected by --where or not
+    summary.skipped_done = summary.planned - len(todo) - len(in_flight & selected)
+    known = durations(matrix.sweep.warehouse)
+    estimate = _estimate(todo, known)
+    waiting = f", {summary.in_flight} already queued or running in Slurm" if summary.in_flight else ""
+    emit(SweepEvent("plan", f"{len(todo)} runs to do, {summary.skipped_done} already done{waiting}",
+                    total=len(todo) + (0 if detach else summary.in_flight), estimate_s=estimate))
+    if isinstance(runner, AsyncExecutor):
+        assert jobs is not None
+        return run_async(runner, jobs, matrix, todo, done, data_dir, summary, emit, detach=detach)
+    assert isinstance(runner, SyncExecutor)
+    if not todo:
+        return summary
+    runner.prepare({(pc.params["framework"], pc.params["variant"]) for pc, _ in todo},
+                   log=lambda text: emit(SweepEvent("message", text)))
+    host = host_info()
+    later: list[tuple[PlannedCell, int, RunClaim]] = []
+    for pc, repeat in todo:
+        claim = RunClaim(matrix.sweep.results, pc.cell_id, repeat, matrix.sweep.name)
+        if claim.take(wait=False):
+            _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit)
+        else:  # another sweep of this results directory runs it now: the others first
+            emit(SweepEvent("message", f"cell {pc.cell_id} repeat {repeat}: running in {claim.holder()}; "
+                                       "coming back to it at the end"))
+            later.append((pc, repeat, claim))
+    for pc, repeat, claim in later:
+        if not claim.take(wait=False):
+            emit(SweepEvent("message", f"waiting for {claim.holder()} to finish cell {pc.cell_id} "
+                                       f"repeat {repeat} …"))
+            claim.take(wait=True)
+        _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit)
     return summary
 
 
+def _run_claimed(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: int, claim: RunClaim,
+                 done: dict[tuple[str, int], dict[str, Any]], data_dir: Path, host: dict[str, Any],
+                 force: bool, summary: SweepSummary, emit: Callable[[SweepEvent], None]) -> None:
+    """Run (cell, repeat), whose claim this sweep holds, unless another sweep ran it meanwhile;
+    the claim is released once the run is recorded and ingested."""
+    try:
+        if not force and _done_on_disk(matrix, [(pc, repeat)], summary):
+            summary.skipped_done += 1
+            summary.done_elsewhere += 1
+            emit(SweepEvent("run-skip", "done by another sweep meanwhile", cell=pc, repeat=repeat))
+            return
+        emit(SweepEvent("run-start", cell=pc, repeat=repeat))
+        # Attempts count across sweeps: the same cell may have run under another results directory.
+        earlier = done.get((pc.cell_id, repeat), {}).get("max_attempt") or 0
+        outcome, run_dir = _run_one(runner, matrix, pc, repeat, earlier, data_dir, host, summary)
+    finally:
+        claim.release()
+    summary.count(outcome.status)
+    emit(SweepEvent("run-end", cell=pc, repeat=repeat, outcome=outcome))
+    if outcome.status != "ok" and _out_of_space(run_dir, outcome):
+        raise SweepStopped(MatrunError(
+            f"no space left on device: {run_dir} (the run failed and the disk under it is full; every "
+            "finished run is kept; free some space and run the sweep again)"), summary)
+
+
 def _run_one(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: int, earlier_attempt: int,
-             data_dir: Path, host: dict[str, Any], summary: SweepSummary) -> RunOutcome:
+             data_dir: Path, host: dict[str, Any], summary: SweepSummary) -> tuple[RunOutcome, Path]:
+    """Run one attempt: its directory, the executor, ``result.json``, the ingest.  An
+    ``OSError`` (a full disk) is raised after recording what can still be recorded."""
     key, run_dir = prepare_run(matrix, pc, repeat, earlier_attempt, data_dir)
     params = pc.params
     request = RunRequest(run_dir=run_dir, params=params, env_id=pc.env_id,
                          timeout=params["timeout"], data_dir=data_dir)
     try:
         outcome = runner.run(request)
-    except BaseException:
-        write_result(key, run_dir, pc.env_id, runner.name, host, cancelled_outcome())
+    except OSError as exc:  # the executor could not write the cell's files: nothing runs
+        error = path_error(exc, run_dir)
+        if _record(key, run_dir, pc.env_id, runner.name, host, _failed(f"[matrun] {error}")):
+            ingest_quietly([run_dir], matrix.sweep.warehouse, summary)
+        raise SweepStopped(error, summary) from None
+    except RunAborted as exc:  # the executor cannot go on (the Docker engine is gone): record the run, stop
+        if _record(key, run_dir, pc.env_id, runner.name, host, exc.outcome):
+            ingest_quietly([run_dir], matrix.sweep.warehouse, summary)
+        summary.count(exc.outcome.status)
         raise
-    write_result(key, run_dir, pc.env_id, runner.name, host, outcome)
+    except BaseException:
+        _record(key, run_dir, pc.env_id, runner.name, host, cancelled_outcome())
+        raise
+    write_result(key, run_dir, pc.env_id, runner.name, host, outcome)  # an OSError: no result, run again later
     ingest_quietly([run_dir], matrix.sweep.warehouse, summary)
-    return outcome
+    return outcome, run_dir
+
+
+def _record(key: Any, run_dir: Path, env_id: str, executor: str, host: dict[str, Any],
+            outcome: RunOutcome) -> bool:
+    """``result.json`` for a run that is ending abnormally, if the disk still takes it (an
+    interrupt or a full disk is already on its way up: this never replaces it)."""
+    try:
+        write_result(key, run_dir, env_id, executor, host, outcome)
+    except OSError:
+        return False
+    return True
+
+
+def _failed(error: str) -> RunOutcome:
+    """A run that failed before its cell started (its files could not be written)."""
+    now = datetime.now(timezone.utc).isoformat()
+    return RunOutcome(status="failed", exit_code=None, error_tail=error, started_at=now, ended_at=now,
+                      wall_seconds=0.0)
+
+
+def _out_of_space(run_dir: Path, outcome: RunOutcome) -> bool:
+    """Whether a run that did not end ok ended so because the disk under it is full."""
+    if "No space left on device" in (outcome.error_tail or ""):
+        return True
+    try:
+        st = os.statvfs(run_dir)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < LOW_SPACE_BYTES
+
+
+def _done_on_disk(matrix: Matrix, pairs: Sequence[tuple[PlannedCell, int]],
+                  summary: SweepSummary) -> set[tuple[str, int]]:
+    """The (cell, repeat)s of ``pairs`` with an ok run in another sweep's folder of the results
+    directory, ingested now (already there: unchanged).  A bundle the warehouse refuses as
+    damaged does not count (the pair runs again); when the warehouse refuses the ingest as a
+    whole, a bundle that reads whole counts, so nothing runs twice."""
+    results = matrix.sweep.results
+    found: dict[tuple[str, int], list[Path]] = {}
+    for pc, repeat in pairs:
+        dirs = [d for d in ok_runs_on_disk(results, pc.cell_id, repeat) if d.parent.parent.name != matrix.sweep.name]
+        if dirs:
+            found[(pc.cell_id, repeat)] = dirs
+    if not found:
+        return set()
+    paths = [d for dirs in found.values() for d in dirs]
+    report = ingest_quietly(paths, matrix.sweep.warehouse, summary)
+    if report is not None:
+        good = {Path(p).resolve() for p in [*report.ingested, *report.unchanged]}
+    else:
+        good = {p.resolve() for p in paths if _reads_whole(p)}
+    return {pair for pair, dirs in found.items() if any(d.resolve() in good for d in dirs)}
+
+
+def _reads_whole(run_dir: Path) -> bool:
+    try:
+        load_bundle(run_dir)
+    except MatrunError:
+        return False
+    return True
 
 
 def _check_refusals(cells: Sequence[PlannedCell], runner: Executor) -> None:
@@ -134,15 +291,17 @@ def _check_enforced(cells: Sequence[PlannedCell], runner: Executor) -> None:
                              f"enforce; run it with --executor docker")
 
 
-def _catch_up(sweep_dir: Path, matrix: Matrix, emit: Callable[[SweepEvent], None]) -> None:
+def _catch_up(sweep_dir: Path, matrix: Matrix, summary: SweepSummary,
+              emit: Callable[[SweepEvent], None]) -> None:
     """Ingest bundles already on disk (a previous sweep may have died before ingesting)."""
-    if not any(sweep_dir.iterdir()):
+    if not any(entry.name != ".sweep.lock" for entry in sweep_dir.iterdir()):
         return
     report = ingest([sweep_dir], warehouse=matrix.sweep.warehouse, wait_s=INGEST_WAIT_S)
+    summary.add_ingest(report)
     if report.ingested:
         emit(SweepEvent("message", f"caught up: ingested {len(report.ingested)} earlier runs from {sweep_dir}"))
-    for path, reason in report.skipped:
-        emit(SweepEvent("message", f"warning: skipped bundle {path}: {reason}"))
+    if report.skipped:  # listed with the sweep's summary
+        emit(SweepEvent("message", f"warning: {len(report.skipped)} earlier bundles in {sweep_dir} were skipped"))
 
 
 def _estimate(todo: list[tuple[PlannedCell, int]], known: dict[str, float]) -> float | None:

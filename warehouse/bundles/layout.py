@@ -25,7 +25,7 @@ STDOUT = "stdout.log"
 STDERR = "stderr.log"
 RESULT = "result.json"  # how the run ended: written last, its presence marks a finished run
 
-_RUN_DIR = re.compile(r"^(\d+)-(\d+)$")
+_RUN_DIR = re.compile(r"^(\d+)-(\d+)\Z")
 
 
 def run_dir_name(repeat: int, attempt: int) -> str:

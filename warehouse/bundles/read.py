@@ -5,18 +5,28 @@ Everything here is read-only and independent of DuckDB: ``ingest`` parses every 
 with :func:`load_bundle` first, then writes the parsed ones in one transaction.
 
 A bundle that cannot be trusted raises :class:`BadBundle` (a ``BundleError``) naming the
-file and what is wrong with it; a bundle without ``result.json`` raises the subclass
-:class:`BundleIncomplete`, because a run that never finished is not corrupt.
+file, the key and what is wrong with it; a bundle without ``result.json`` raises the
+subclass :class:`BundleIncomplete`, because a run that never finished is not corrupt.
+
+Each bundle is validated on its own, whole, before anything of it reaches a table
+(docs/BUNDLE.md "Validation"): the files' sizes, the nesting of their JSON (checked by a
+scan of the brackets before ``json.loads``, which would otherwise recurse), every string's
+length, every array's and object's size, every integer within the range of its warehouse
+column (64-bit anywhere else), every number finite but a diverged run's losses and
+accuracies (read as null), every time within the years 1 to 9999 in UTC.  :func:`loads`,
+the JSON parsing under it, is public for the other readers of a results directory.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import stat
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -25,14 +35,30 @@ from matrun.warehouse.bundles.layout import (
     EVENTS, MONITOR, RESULT, SCHEMA_VERSION, SPEC, STATUSES, RunKey, run_dir_name,
 )
 
-#: No bundle file may be larger than this; a bigger one is refused, not read into memory.
+#: No JSON-lines file of a bundle (events.jsonl, monitor.jsonl) may be larger than this; a
+#: bigger one is refused, not read into memory.
 MAX_FILE_BYTES = 512 * 2**20
+#: spec.json and result.json are small; a larger one is refused.
+MAX_JSON_FILE_BYTES = 16 * 2**20
+#: Arrays and objects nested in one JSON value (a record is depth 1).
+MAX_DEPTH = 64
+#: Characters of one string, value or key.
+MAX_STRING_CHARS = 2**20
+#: Members of one array or object.
+MAX_ITEMS = 2**20
+#: Integers of INTEGER columns (repeat, attempt, exit_code, steps, epochs, …).
+INT32 = (-(2**31), 2**31 - 1)
+#: Integers of BIGINT columns (rss_bytes, params, flops), and every other integer of a bundle
+#: (the JSON columns: DuckDB reads their numbers as 64-bit).
+INT64 = (-(2**63), 2**63 - 1)
 
 #: Files whose bytes make up a bundle's digest, in this order.
 DIGEST_FILES = (SPEC, EVENTS, MONITOR, RESULT)
 
-# Record checks: key -> kind.  "int" / "num" / "str" / "bool" must be present and of that
-# type; a trailing "?" also allows null or a missing key.
+# Record checks: key -> kind.  "int" (an INTEGER column) / "int64" (a BIGINT column) / "num"
+# (a finite number) / "str" / "bool" / "obj" / "list" / "time" must be present and of that kind;
+# "metric" is a number that may be NaN or infinite in a diverged run (read as null); a
+# trailing "?" also allows null or a missing key.
 _Spec = dict[str, str]
 _SPEC_KEYS: _Spec = {"sweep": "str", "cell_id": "str", "repeat": "int", "attempt": "int",
                      "env_id": "str", "params": "obj"}
@@ -40,18 +66,26 @@ _RESULT_KEYS: _Spec = {"sweep": "str", "cell_id": "str", "repeat": "int", "attem
                        "env_id": "str", "executor": "str", "status": "str", "exit_code": "int?",
                        "error_tail": "str?", "started_at": "time", "ended_at": "time?",
                        "wall_seconds": "num?", "host": "obj?", "monitor": "obj?"}
+_MONITOR_KEYS: _Spec = {"interval_s": "num?", "samples": "int?", "cpu_user_avg": "num?",
+                        "cpu_system_avg": "num?", "cpu_total_avg": "num?", "iowait_avg": "num?",
+                        "rss_avg_bytes": "num?", "rss_peak_bytes": "int64?"}
+# The cell parameters a view casts to INTEGER (the others it reads with TRY_CAST).
+_PARAMS_KEYS: _Spec = {"batch_size": "int?"}
+# The probe's list a view casts to a JSON array.
+_PROBE_KEYS: _Spec = {"libraries": "list?"}
 _STEP_KEYS: _Spec = {"epoch": "int?", "step": "int", "phase": "str", "seconds": "num",
                      "images": "int"}
-_EPOCH_KEYS: _Spec = {"epoch": "int", "steps": "int?", "train_loss": "num?",
-                      "train_accuracy": "num?", "test_loss": "num?", "test_accuracy": "num?",
-                      "epoch_seconds": "num?", "test_seconds": "num?"}
-_SUMMARY_KEYS: _Spec = {"train_seconds": "num?", "test_seconds": "num?", "accuracy": "num?",
+_EPOCH_KEYS: _Spec = {"epoch": "int", "steps": "int?", "train_loss": "metric?",
+                      "train_accuracy": "metric?", "test_loss": "metric?",
+                      "test_accuracy": "metric?", "epoch_seconds": "num?", "test_seconds": "num?"}
+_SUMMARY_KEYS: _Spec = {"train_seconds": "num?", "test_seconds": "num?", "accuracy": "metric?",
                         "throughput": "num?", "time_to_first_step": "num?",
                         "timed_steps": "int?", "warmup_steps": "int?", "diverged": "bool?"}
 _LAYER_KEYS: _Spec = {"name": "str", "kind": "str", "index": "int?", "forward_seconds": "num?",
-                      "backward_seconds": "num?", "repeats": "int?", "params": "int?", "flops": "int?"}
+                      "backward_seconds": "num?", "repeats": "int?", "params": "int64?",
+                      "flops": "int64?"}
 _SAMPLE_KEYS: _Spec = {"t": "num", "cpu_user": "num?", "cpu_system": "num?", "iowait": "num?",
-                       "rss_bytes": "int?", "nprocs": "int?"}
+                       "rss_bytes": "int64?", "nprocs": "int?"}
 _PHASES = ("warmup", "timed")
 
 
@@ -130,12 +164,12 @@ def load_bundle(directory: Path | str) -> Bundle:
     if raw[RESULT] is None:
         raise BundleIncomplete(directory / RESULT,
                                "missing: the run never finished (or is still running)")
-    spec = _parse_json(directory / SPEC, raw[SPEC], _SPEC_KEYS)
-    result = _parse_json(directory / RESULT, raw[RESULT], _RESULT_KEYS)
+    spec = _parse_json(directory / SPEC, raw[SPEC], _SPEC_KEYS, inner=("params", _PARAMS_KEYS))
+    result = _parse_json(directory / RESULT, raw[RESULT], _RESULT_KEYS, inner=("monitor", _MONITOR_KEYS))
     status = result["status"]
     if status not in STATUSES:
         raise BadBundle(directory / RESULT,
-                        f"status {status!r} is not one of {', '.join(STATUSES)}")
+                        f"status {status[:60]!r} is not one of {', '.join(STATUSES)}")
     key = _check_identity(directory, spec, result)
 
     bundle = Bundle(path=directory, key=key, spec=spec, result=result, digest=_digest(raw))
@@ -160,12 +194,13 @@ def _read_file(path: Path) -> bytes | None:
         raise BadBundle(path, "is a symbolic link; bundle files must be regular files")
     if not stat.S_ISREG(info.st_mode):
         raise BadBundle(path, "is not a regular file")
-    if info.st_size > MAX_FILE_BYTES:
-        raise BadBundle(path, f"is {_size(info.st_size)}, over the {_size(MAX_FILE_BYTES)} "
+    limit = MAX_JSON_FILE_BYTES if path.name in (SPEC, RESULT) else MAX_FILE_BYTES
+    if info.st_size > limit:
+        raise BadBundle(path, f"is {_size(info.st_size)}, over the {_size(limit)} "
                               "limit for a bundle file")
     try:
         with open(path, "rb") as fh:
-            return fh.read()
+            return fh.read(limit + 1)
     except OSError as exc:
         raise BadBundle(path, f"cannot be read: {exc.strerror}") from None
 
@@ -184,9 +219,83 @@ def _digest(raw: dict[str, bytes | None]) -> str:
     return h.hexdigest()
 
 
-def _parse_json(path: Path, data: bytes, keys: _Spec) -> dict[str, Any]:
+# -- JSON text ---------------------------------------------------------------------------
+
+
+class _Refused(ValueError):
+    """JSON text refused for something other than its syntax (the message says what)."""
+
+
+class _NonFinite(float):
+    """A number JSON cannot hold as a double (``NaN``, ``Infinity``, ``1e400``), with its text."""
+
+    text: str
+
+    def __new__(cls, text: str) -> "_NonFinite":
+        value = super().__new__(cls, float(text))
+        value.text = text
+        return value
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
+
+
+# A JSON string (an unterminated one runs to the end: the scan never backtracks) or a bracket.
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\Z)|[\[\]{}]', re.S)
+_OPENERS = (b"[", b"{")
+_CLOSERS = (b"]", b"}")
+
+
+def _nesting_problem(data: bytes) -> str | None:
+    """Why ``data`` nests arrays and objects too deeply for ``json.loads`` (which recurses
+    once per level), or None.  A scan of the brackets outside strings, without recursion;
+    text with fewer brackets than the limit is not scanned at all."""
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return None
+    depth = 0
+    for match in _JSON_TOKEN.finditer(data):
+        token = match.group()
+        if token in _OPENERS:
+            depth += 1
+            if depth > MAX_DEPTH:
+                offset = match.start()
+                line = data.count(b"\n", 0, offset) + 1
+                column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+                place = f"line {line}, column {column}" if b"\n" in data else f"column {column}"
+                return f"nests arrays and objects more than {MAX_DEPTH} deep (at {place})"
+        elif token in _CLOSERS:
+            depth -= 1
+    return None
+
+
+def loads(data: bytes) -> Any:
+    """``json.loads`` for a file a damaged or hostile writer may have left in a results
+    directory: a ``ValueError`` — never a ``RecursionError`` — for text nested more than
+    ``MAX_DEPTH`` deep or an integer of more digits than Python reads (whose message says
+    which), a ``JSONDecodeError`` / ``UnicodeDecodeError`` (also ``ValueError``) for bad
+    syntax.  Non-finite numbers come back as floats; ``load_bundle`` then refuses them."""
+    problem = _nesting_problem(data)
+    if problem:
+        raise _Refused(problem)
     try:
-        obj = json.loads(data)
+        return json.loads(data, parse_float=_parse_float, parse_constant=_NonFinite)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise
+    except RecursionError:  # the scan above should make this impossible; never a traceback
+        raise _Refused("nests arrays and objects too deeply") from None
+    except ValueError:  # Python's limit on the digits of an integer
+        raise _Refused("has an integer of more digits than Python reads (4300)") from None
+
+
+def _parse_json(path: Path, data: bytes, keys: _Spec, *, inner: tuple[str, _Spec]) -> dict[str, Any]:
+    """A JSON file's object: its typed ``keys``, those of the object under ``inner``'s key, then
+    the bundle-wide limits over all of it."""
+    try:
+        obj = loads(data)
+    except _Refused as exc:
+        raise BadBundle(path, str(exc)) from None
     except UnicodeDecodeError:
         raise BadBundle(path, "is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
@@ -195,7 +304,11 @@ def _parse_json(path: Path, data: bytes, keys: _Spec) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise BadBundle(path, "is not a JSON object")
     _check_version(path, obj)
-    problem = _check_record(obj, keys)
+    key, inner_keys = inner
+    nested = obj.get(key)
+    problem = (_check_record(obj, keys)
+               or (_check_record(nested, inner_keys, prefix=f"{key} -> ") if isinstance(nested, dict) else None)
+               or _value_problem(obj))
     if problem:
         raise BadBundle(path, problem)
     return obj
@@ -206,28 +319,116 @@ def _check_version(path: Path, obj: dict[str, Any]) -> None:
         raise BadBundle(path, "is missing required key 'schema_version'")
     version = obj["schema_version"]
     if version != SCHEMA_VERSION or isinstance(version, bool):
-        raise BadBundle(path, f"has schema_version {json.dumps(version)}; this matrun reads "
+        raise BadBundle(path, f"has schema_version {_show(version)}; this matrun reads "
                               f"{SCHEMA_VERSION}: upgrade matrun")
 
 
-def _check_record(obj: dict[str, Any], keys: _Spec) -> str | None:
-    """None when ``obj`` fits ``keys``, else what is wrong with it."""
+# -- values ------------------------------------------------------------------------------
+
+
+def _check_record(obj: dict[str, Any], keys: _Spec, prefix: str = "") -> str | None:
+    """None when ``obj`` fits ``keys``, else what is wrong with it.  A "metric" that is NaN
+    or infinite (a diverged run) is set to None here: the warehouse stores it as null."""
     for key, kind in keys.items():
         optional = kind.endswith("?")
+        kind = kind.rstrip("?")
         if key not in obj:
             if optional:
                 continue
-            return f"is missing required key {key!r}"
+            return f"is missing required key {prefix + key!r}"
         value = obj[key]
         if value is None and optional:
             continue
-        if not _KIND_CHECKS[kind.rstrip("?")](value):
-            return f"key {key!r} should be {_KIND_NAMES[kind.rstrip('?')]}, got {json.dumps(value)}"
+        if not _KIND_CHECKS[kind](value):
+            return f"key {prefix + key!r} should be {_KIND_NAMES[kind]}, got {_show(value)}"
+        if kind == "metric" and not math.isfinite(value):
+            obj[key] = None
+        elif kind in _INT_RANGES and not _INT_RANGES[kind][0] <= value <= _INT_RANGES[kind][1]:
+            low, high = _INT_RANGES[kind]
+            return (f"key {prefix + key!r} is {_show(value)}, outside the range of its warehouse "
+                    f"column ({low:,} to {high:,})")
+        elif kind == "num" and not math.isfinite(value):
+            return f"key {prefix + key!r} is {_show(value)}: {_NOT_FINITE}"
+        elif kind == "time" and not _in_utc_range(value):
+            return (f"key {prefix + key!r} is {_show(value)}, outside the years 1 to 9999 in UTC "
+                    "(a warehouse time)")
     return None
 
 
+_NOT_FINITE = "it must be a finite number (docs/BUNDLE.md \"Validation\")"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _value_problem(value: Any) -> str | None:
+    """What breaks the bundle-wide limits anywhere in ``value`` (a parsed record), or None:
+    nesting, string lengths and lone surrogates, array and object sizes, integers outside
+    64 bits, numbers that are not finite.  Iterative: a hostile record cannot exhaust the
+    stack."""
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), value)]
+    while stack:
+        where, item = stack.pop()
+        problem = _scalar_problem(item)
+        if problem is None and isinstance(item, (dict, list)):
+            if len(where) >= MAX_DEPTH:
+                problem = f"nests arrays and objects more than {MAX_DEPTH} deep"
+            elif len(item) > MAX_ITEMS:
+                problem = f"has {len(item):,} members, over the limit of {MAX_ITEMS:,}"
+            elif isinstance(item, dict):
+                for key, member in item.items():
+                    key_problem = _string_problem(key)
+                    if key_problem:
+                        return f"key {_where(where + (key[:40],))} {key_problem}"
+                    stack.append((where + (key,), member))
+            else:
+                stack.extend((where + (n,), member) for n, member in enumerate(item))
+        if problem:
+            return f"key {_where(where)} {problem}" if where else problem
+    return None
+
+
+def _scalar_problem(item: Any) -> str | None:
+    if isinstance(item, str):
+        return _string_problem(item)
+    if isinstance(item, bool) or item is None:
+        return None
+    if isinstance(item, int) and not INT64[0] <= item <= INT64[1]:
+        return f"is {_show(item)}, outside the 64-bit integers a warehouse holds"
+    if isinstance(item, float) and not math.isfinite(item):
+        return f"is {_show(item)}: {_NOT_FINITE}"
+    return None
+
+
+def _string_problem(text: str) -> str | None:
+    if len(text) > MAX_STRING_CHARS:
+        return f"is a string of {len(text):,} characters, over the limit of {MAX_STRING_CHARS:,}"
+    if _SURROGATE.search(text):
+        return "holds a lone UTF-16 surrogate (\\ud800-\\udfff): not text"
+    return None
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    return repr(" -> ".join(str(p) for p in path))
+
+
+def _show(value: Any) -> str:
+    """A value as JSON spells it, cut to 60 characters."""
+    if isinstance(value, _NonFinite):
+        text = value.text
+    elif isinstance(value, float) and not math.isfinite(value):
+        text = "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**60:
+        text = f"an integer of {len(str(abs(value))):,} digits"
+    else:
+        try:
+            text = json.dumps(value)
+        except (ValueError, RecursionError):
+            text = type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _is_time(value: Any) -> bool:
-    if not isinstance(value, str):
+    """An ISO 8601 time with a UTC offset."""
+    if not isinstance(value, str) or len(value) > 64:
         return False
     try:
         return datetime.fromisoformat(value).tzinfo is not None
@@ -235,24 +436,49 @@ def _is_time(value: Any) -> bool:
         return False
 
 
+def _in_utc_range(value: str) -> bool:
+    """Whether the time (``_is_time``) is still within Python's years 1 to 9999 in UTC."""
+    try:
+        datetime.fromisoformat(value).astimezone(timezone.utc)
+    except OverflowError:
+        return False
+    return True
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 _KIND_CHECKS = {
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "num": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "int": _is_int,
+    "int64": _is_int,
+    "num": _is_num,
+    "metric": _is_num,
     "str": lambda v: isinstance(v, str),
     "bool": lambda v: isinstance(v, bool),
     "obj": lambda v: isinstance(v, dict),
+    "list": lambda v: isinstance(v, list),
     "time": _is_time,
 }
-_KIND_NAMES = {"int": "an integer", "num": "a number", "str": "a string", "bool": "true or false",
-               "obj": "an object", "time": "an ISO 8601 time with a UTC offset"}
+_KIND_NAMES = {"int": "an integer", "int64": "an integer", "num": "a number",
+               "metric": "a number", "str": "a string", "bool": "true or false",
+               "obj": "an object", "list": "an array", "time": "an ISO 8601 time with a UTC offset"}
+_INT_RANGES = {"int": INT32, "int64": INT64}
 
 
 def _check_identity(directory: Path, spec: dict[str, Any], result: dict[str, Any]) -> RunKey:
     """spec.json, result.json and the directory must all name the same run."""
     for key in ("sweep", "cell_id", "repeat", "attempt", "env_id"):
         if spec[key] != result[key]:
-            raise BadBundle(directory / RESULT, f"{key} is {json.dumps(result[key])} but "
-                                                f"spec.json says {json.dumps(spec[key])}")
+            raise BadBundle(directory / RESULT, f"{key} is {_show(result[key])} but "
+                                                f"spec.json says {_show(spec[key])}")
+    if spec["repeat"] < 0 or spec["attempt"] < 1:
+        raise BadBundle(directory / SPEC, f"repeat {spec['repeat']}, attempt {spec['attempt']}: "
+                                          "repeats count from 0, attempts from 1")
     run = RunKey(spec["sweep"], spec["cell_id"], spec["repeat"], spec["attempt"])
     expected = run_dir_name(run.repeat, run.attempt)
     if directory.name != expected:
@@ -260,7 +486,7 @@ def _check_identity(directory: Path, spec: dict[str, Any], result: dict[str, Any
                                    f"{run.repeat}, attempt {run.attempt}: expected {expected!r})")
     if directory.parent.name != run.cell_id:
         raise BadBundle(directory, f"is not inside a folder named after its cell_id "
-                                   f"{run.cell_id!r} (found {directory.parent.name!r})")
+                                   f"{_show(run.cell_id)} (found {directory.parent.name!r})")
     return run
 
 
@@ -273,15 +499,15 @@ def _jsonl_records(path: Path, data: bytes, *, finished_ok: bool,
 
     A final line that does not parse and has no newline was cut off mid-write: tolerated
     (and reported as a warning) for a run that did not finish ok, an error for one that did.
+    Every record is held to the bundle-wide limits (``_value_problem``).
     """
-    lines = data.split(b"\n")
-    ends_cleanly = lines[-1] == b""
-    if ends_cleanly:
-        lines.pop()
-    last = len(lines)
-    for number, line in enumerate(lines, start=1):
+    ends_cleanly = data.endswith(b"\n")
+    last = data.count(b"\n") + (0 if ends_cleanly else 1)
+    for number, line in enumerate(_lines(data), start=1):
         try:
-            obj = json.loads(line)
+            obj = loads(line)
+        except _Refused as exc:
+            raise BadBundle(path, f"line {number} {exc}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             if number == last and not ends_cleanly:
                 if finished_ok:
@@ -300,22 +526,40 @@ def _jsonl_records(path: Path, data: bytes, *, finished_ok: bool,
         yield number, obj
 
 
+def _lines(data: bytes) -> Iterator[bytes]:
+    """The lines of ``data`` one at a time (no list of millions of small ``bytes``)."""
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        yield data[start:end]
+        start = end + 1
+
+
+def _check_line(path: Path, number: int, record: dict[str, Any], what: str,
+                keys: _Spec | None) -> None:
+    """A record's typed keys (``keys``), then the bundle-wide limits over all of it."""
+    problem = _check_record(record, keys) if keys else None
+    problem = problem or _value_problem(record)
+    if problem:
+        raise BadBundle(path, f"line {number}: {what} {problem}")
+
+
 def _read_events(bundle: Bundle, path: Path, data: bytes | None, *, finished_ok: bool) -> None:
     if not data:
         if finished_ok:
             raise BadBundle(path, "is missing or empty, but result.json says status ok")
         return
-    checks = {"step": _STEP_KEYS, "epoch": _EPOCH_KEYS, "summary": _SUMMARY_KEYS, "layer": _LAYER_KEYS}
+    checks = {"step": _STEP_KEYS, "epoch": _EPOCH_KEYS, "summary": _SUMMARY_KEYS, "layer": _LAYER_KEYS,
+              "probe": _PROBE_KEYS}
     for number, record in _jsonl_records(path, data, finished_ok=finished_ok,
                                          warnings=bundle.warnings):
         kind = record.get("type")
+        what = f"{kind} record" if isinstance(kind, str) and kind.isidentifier() else "record"
+        _check_line(path, number, record, what, checks.get(kind) if isinstance(kind, str) else None)
         if number == 1:
             bundle.header = record
             continue
-        if kind in checks:
-            problem = _check_record(record, checks[kind])
-            if problem:
-                raise BadBundle(path, f"line {number}: {kind} record {problem}")
         if kind == "step":
             if record["phase"] not in _PHASES:
                 raise BadBundle(path, f"line {number}: step phase {record['phase']!r} is not "
@@ -346,9 +590,8 @@ def _read_monitor(bundle: Bundle, path: Path, data: bytes | None, *, finished_ok
     for number, record in _jsonl_records(path, data, finished_ok=finished_ok,
                                          warnings=bundle.warnings):
         if number == 1:
+            _check_line(path, number, record, "header", None)
             bundle.monitor_header = record
             continue
-        problem = _check_record(record, _SAMPLE_KEYS)
-        if problem:
-            raise BadBundle(path, f"line {number}: sample {problem}")
+        _check_line(path, number, record, "sample", _SAMPLE_KEYS)
         bundle.monitor_samples.append(record)

@@ -23,11 +23,20 @@ def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
     """Write JSON so that readers see the old file, no file, or the whole new file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     data = json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:  # a full disk, an interrupt: no half-written temporary file stays
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)  # a failed write names no file; say which one it was
+        raise
     fsync_dir(path.parent)
 
 
@@ -48,12 +57,24 @@ def write_jsonl(path: Path, header: Mapping[str, Any], records: Iterable[Mapping
             fh.write(json.dumps(record) + "\n")
 
 
-def next_attempt(results: Path, sweep: str, cell_id: str, repeat: int) -> int:
-    """One more than the highest attempt on disk for this (cell, repeat) in any state."""
-    cell_dir = results / sweep / cell_id
+def next_attempt(results: Path, cell_id: str, repeat: int) -> int:
+    """One more than the highest attempt of this (cell, repeat) on disk, in any state and in
+    any sweep's folder of the results directory ``results`` (``<results>/<sweep>/<cell_id>/``):
+    attempts are numbered per results directory, so a run id (``<cell_id>/<repeat>-<attempt>``)
+    names one run whichever sweep made it.  Folders whose names start with a dot (the claims,
+    locks) are not sweeps."""
     highest = 0
-    if cell_dir.is_dir():
-        for entry in cell_dir.iterdir():
+    try:
+        sweeps = [entry for entry in results.iterdir() if not entry.name.startswith(".")]
+    except FileNotFoundError:
+        return 1
+    for sweep_dir in sweeps:
+        cell_dir = sweep_dir / cell_id
+        try:
+            entries = list(cell_dir.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
             parsed = parse_run_dir_name(entry.name)
             if parsed and parsed[0] == repeat:
                 highest = max(highest, parsed[1])
