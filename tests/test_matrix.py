@@ -385,3 +385,15 @@ def test_unused_keys_follow_the_cell(tmp_path):
         "optimizer", "lr", "momentum", "weight_decay", "epochs", "gpus", "kvstore"}
     assert {k for k, v in adam.values.items() if v is None} == {"momentum", "epochs", "gpus", "kvstore"}
     assert {k for k, v in mxnet.values.items() if v is None} == {"gpus"}
+
+
+def test_relative_paths_are_normalised(tmp_path):
+    # A container sees only the folders mounted into it: `study/../results` must reach the
+    # docker and slurm executors as `results` (the studies/ files use "../results").
+    study = tmp_path / "studies"
+    study.mkdir()
+    (study / "m.toml").write_text('[sweep]\nname = "n"\nresults = "../results"\nwarehouse = "../w.duckdb"\n'
+                                  '[fixed]\nframework = "torch"\n')
+    m = load_matrix(study / "m.toml")
+    assert m.sweep.results == tmp_path.resolve() / "results"
+    assert m.sweep.warehouse == tmp_path.resolve() / "w.duckdb"

@@ -463,6 +463,33 @@ def timeout_sweep(tmp_path_factory, slurm_cluster, torch_image):
 
 
 @pytest.mark.slow
+def test_two_slurm_sweeps_that_share_cells_submit_each_run_once(tmp_path, slurm_cluster, docker_client,
+                                                                 torch_image):
+    # Two studies with different sweep names and the same cell, on one results directory and one
+    # warehouse: the second finds the run queued or running for the first and leaves it to it.
+    names = []
+    for study in ("a", "b"):
+        names.append(write_matrix(tmp_path / study, fixed={"synthetic_train": 20000, "epochs": 2},
+                                  slurm="exclusive = false"))
+        path = tmp_path / study / "matrix.toml"
+        path.write_text(path.read_text().replace(
+            "timeout = 600\n", 'timeout = 600\nresults = "../results"\nwarehouse = "../w.duckdb"\n', 1))
+    matrun("sweep", "--detach", cwd=tmp_path / "a", cluster=slurm_cluster)
+    assert active_jobs(slurm_cluster, names[0])  # still queued or running: the cell takes seconds
+    second = matrun("sweep", cwd=tmp_path / "b", cluster=slurm_cluster)
+    assert "1 runs are queued or running for other sweeps of" in second.stderr, second.stderr
+    assert f"({names[0]}): left to them" in second.stderr
+    assert active_jobs(slurm_cluster, names[1]) == [] and not (tmp_path / "results" / names[1] / ".slurm").exists()
+    wait_for(lambda: not active_jobs(slurm_cluster, names[0]), 180, "the first sweep's task")
+    time.sleep(1.2)  # the grace of a task's own result.json
+    again = matrun("sweep", cwd=tmp_path / "b", cluster=slurm_cluster)
+    assert "1 runs were done by other sweeps" in again.stderr, again.stderr
+    # One measurement, made once, in the warehouse both studies share.
+    assert sql(tmp_path / "w.duckdb", "SELECT count(*), min(status) FROM runs") == [(1, "ok")]
+    assert containers_of(docker_client, names[0]) == []
+
+
+@pytest.mark.slow
 def test_failures_keep_their_exit_codes(tmp_path, slurm_cluster, docker_client, torch_image):
     # A cell whose harness refuses its spec inside the container (exit 2), beside one that works.
     name = write_matrix(tmp_path / "a", "[axes]\nsynthetic_shape = [[1, 4, 4], [1, 28, 28]]\n",

@@ -357,7 +357,9 @@ def _path(value: Any, base: Path) -> tuple[Path | None, str | None]:
         p = Path(value).expanduser()
     except RuntimeError:  # "~user" of no such user, or no home directory
         return None, f"cannot expand {show(value.split('/', 1)[0])}: no such user's home directory"
-    p = p if p.is_absolute() else base / p
+    # normalised: a container sees only the mounted folders, so `a/../results` (with `a`
+    # unmounted) must reach it as `results`; the same path inside and outside
+    p = Path(os.path.normpath(p if p.is_absolute() else base / p))
     problem = path_problem(str(p))
     return (None, problem) if problem else (p, None)
 

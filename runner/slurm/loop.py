@@ -36,9 +36,11 @@ CANCEL_WAIT_S = 180.0  # how long to wait for cancelled tasks to stop their cont
 
 def run_async(runner: AsyncExecutor, jobs: JobTracker, matrix: Matrix, todo: list[tuple[PlannedCell, int]],
               done: dict[tuple[str, int], dict[str, Any]], data_dir: Path, summary: SweepSummary,
-              emit: Callable[[SweepEvent], None], *, detach: bool) -> SweepSummary:
+              emit: Callable[[SweepEvent], None], *, detach: bool,
+              after_submit: Callable[[], None] = lambda: None) -> SweepSummary:
     """Submit ``todo`` through an asynchronous executor, then (unless ``detach``) ingest every run
-    of the sweep's submissions as it finishes until none is queued or running."""
+    of the sweep's submissions as it finishes until none is queued or running.  ``after_submit``
+    is called once the submissions are recorded (the sweep releases its submit claim there)."""
     sweep_dir = matrix.sweep.results / matrix.sweep.name
     cells = {pc.cell_id: pc for pc, _ in todo}
     reported: set[Path] = set()
@@ -55,6 +57,7 @@ def run_async(runner: AsyncExecutor, jobs: JobTracker, matrix: Matrix, todo: lis
                                       log=lambda text: emit(SweepEvent("message", text)))
             summary.submitted = len(runs)
             summary.job_ids = [s.job_id for s in submitted]
+        after_submit()
         if detach:
             summary.detached = True
             return summary

@@ -239,6 +239,18 @@ class RunClaim:
         self._fd = None
 
 
+class SubmitClaim(RunClaim):
+    """The right to choose and submit runs to a scheduler for a results directory: an
+    asynchronous (Slurm) sweep holds it from reading which runs other sweeps of the directory
+    have queued or running until its own submissions are recorded, so two Slurm sweeps that
+    share cells never both submit one (their tasks run on the nodes, long after this host's
+    sweep could have held a per-run claim)."""
+
+    def __init__(self, results: Path, sweep: str) -> None:
+        super().__init__(results, "", 0, sweep)
+        self.path = results / CLAIMS_DIR / "scheduler-submit.lock"
+
+
 def _note_holder(fd: int, text: str) -> None:
     """Write who holds a lock into its file, unbuffered: the text is only for messages, so a
     full disk (nothing written) does not matter and leaves nothing to flush later."""

@@ -39,7 +39,7 @@ from matrun.runner.planning.selection import parse_where, select
 from matrun.runner.planning.matrix import Matrix, load_matrix
 from matrun.runner.slurm.loop import run_async
 from matrun.runner.sweep.records import (
-    INGEST_WAIT_S, RunClaim, SweepEvent, SweepStopped, SweepSummary, host_info, ingest_quietly, ok_runs_on_disk,
+    INGEST_WAIT_S, RunClaim, SubmitClaim, SweepEvent, SweepStopped, SweepSummary, host_info, ingest_quietly, ok_runs_on_disk,
     path_error, prepare_run, sweep_lock, write_result,
 )
 from matrun.warehouse.bundles.read import load_bundle
@@ -107,19 +107,73 @@ def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor
 def _locked(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], data_dir: Path, force: bool,
             detach: bool, summary: SweepSummary, emit: Callable[[SweepEvent], None]) -> SweepSummary:
     """The sweep, under its lock: catch up, plan what is left, run it."""
+    if not isinstance(runner, AsyncExecutor):
+        return _planned(runner, matrix, cells, data_dir, force, detach, summary, emit)
+    # Slurm: choose and submit under the results directory's submit claim (released as soon as
+    # this sweep's submissions are recorded), so a run another sweep has queued is not submitted again.
+    claim = SubmitClaim(matrix.sweep.results, matrix.sweep.name)
+    if not claim.take(wait=False):
+        emit(SweepEvent("message", f"waiting for {claim.holder()} to finish submitting to Slurm"))
+        claim.take(wait=True)
+    try:
+        return _planned(runner, matrix, cells, data_dir, force, detach, summary, emit, submit_claim=claim)
+    finally:
+        claim.release()
+
+
+def _queued_elsewhere(runner: AsyncExecutor, matrix: Matrix) -> dict[tuple[str, int], str]:
+    """(cell id, repeat) -> sweep, for the runs other sweeps of the results directory have
+    queued or running in the scheduler (read only: nothing of theirs is written)."""
+    own = matrix.sweep.results / matrix.sweep.name
+    found: dict[tuple[str, int], str] = {}
+    for other in sorted(matrix.sweep.results.iterdir()):
+        if other == own or other.name.startswith(".") or not other.is_dir():
+            continue
+        for view in runner.jobs(other).refresh(record=False):
+            if view.in_flight:
+                found[(view.cell_id, view.repeat)] = other.name
+    return found
+
+
+def _claimed_elsewhere(matrix: Matrix, todo: Sequence[tuple[PlannedCell, int]]) -> dict[tuple[str, int], str]:
+    """(cell id, repeat) -> holder, for the runs whose claim a local or docker sweep of the
+    results directory holds right now (looked at, never waited for)."""
+    found: dict[tuple[str, int], str] = {}
+    for pc, repeat in todo:
+        claim = RunClaim(matrix.sweep.results, pc.cell_id, repeat, matrix.sweep.name)
+        if claim.take(wait=False):
+            claim.release()
+        else:
+            found[(pc.cell_id, repeat)] = claim.holder()
+    return found
+
+
+def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], data_dir: Path, force: bool,
+             detach: bool, summary: SweepSummary, emit: Callable[[SweepEvent], None], *,
+             submit_claim: SubmitClaim | None = None) -> SweepSummary:
     sweep_dir = matrix.sweep.results / matrix.sweep.name
     jobs = None
     in_flight: set[tuple[str, int]] = set()
+    elsewhere_queued: dict[tuple[str, int], str] = {}
     if isinstance(runner, AsyncExecutor):  # what earlier submissions still do; results Slurm decided are written
         jobs = runner.jobs(sweep_dir)
         in_flight = {(v.cell_id, v.repeat) for v in jobs.refresh() if v.in_flight}
         summary.warnings.extend(jobs.warnings)
+        elsewhere_queued = _queued_elsewhere(runner, matrix)
     # containers of sweeps killed outright: stopped, their runs recorded for the catch-up (docker)
     reap_orphans(runner, log=lambda text: emit(SweepEvent("message", text)))
     _catch_up(sweep_dir, matrix, summary, emit)
     done = done_runs(matrix.sweep.warehouse)
     todo = [(pc, r) for r in range(matrix.sweep.repeats) for pc in cells
             if (force or not done.get((pc.cell_id, r), {}).get("ok")) and (pc.cell_id, r) not in in_flight]
+    if isinstance(runner, AsyncExecutor):  # a local / docker sweep of the directory running one now
+        elsewhere_queued.update(_claimed_elsewhere(matrix, todo))
+    queued = [(pc, r) for pc, r in todo if (pc.cell_id, r) in elsewhere_queued]
+    if queued:  # another Slurm sweep of the results directory runs them: left to it
+        names = sorted({elsewhere_queued[(pc.cell_id, r)] for pc, r in queued})
+        emit(SweepEvent("message", f"{len(queued)} runs are queued or running for other sweeps of "
+                                   f"{matrix.sweep.results} ({', '.join(names)}): left to them"))
+        todo = [(pc, r) for pc, r in todo if (pc.cell_id, r) not in elsewhere_queued]
     if not force:  # ok runs in other sweeps' folders of the results directory (a rebuilt warehouse)
         elsewhere = _done_on_disk(matrix, todo, summary)
         if elsewhere:
@@ -129,15 +183,17 @@ def _locked(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], data
     summary.planned = len(cells) * matrix.sweep.repeats
     selected = {(pc.cell_id, r) for pc in cells for r in range(matrix.sweep.repeats)}
     summary.in_flight = len(in_flight)  # all of them are waited for, selected by --where or not
-    summary.skipped_done = summary.planned - len(todo) - len(in_flight & selected)
+    summary.skipped_done = summary.planned - len(todo) - len(in_flight & selected) - len(queued)
     known = durations(matrix.sweep.warehouse)
     estimate = _estimate(todo, known)
     waiting = f", {summary.in_flight} already queued or running in Slurm" if summary.in_flight else ""
+    waiting += f", {len(queued)} queued by other sweeps" if queued else ""
     emit(SweepEvent("plan", f"{len(todo)} runs to do, {summary.skipped_done} already done{waiting}",
                     total=len(todo) + (0 if detach else summary.in_flight), estimate_s=estimate))
     if isinstance(runner, AsyncExecutor):
         assert jobs is not None
-        return run_async(runner, jobs, matrix, todo, done, data_dir, summary, emit, detach=detach)
+        return run_async(runner, jobs, matrix, todo, done, data_dir, summary, emit, detach=detach,
+                         after_submit=submit_claim.release if submit_claim else (lambda: None))
     assert isinstance(runner, SyncExecutor)
     if not todo:
         return summary
