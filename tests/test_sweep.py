@@ -151,7 +151,7 @@ threads = 2
     assert train_s > 0 and n_test > 0
 
 
-def _wait_for(predicate, timeout: float, what: str):
+def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -196,7 +196,7 @@ def interrupt_second_cell(tmp_path: Path, name: str, sig: int, *, cells: int) ->
 
     try:
         try:
-            monitor = _wait_for(second_running, 120, "the second cell to start")
+            monitor = wait_for(second_running, 120, "the second cell to start")
         except AssertionError:
             sweep.kill()
             raise AssertionError(sweep.communicate()[1].decode()) from None
@@ -215,7 +215,7 @@ def interrupt_second_cell(tmp_path: Path, name: str, sig: int, *, cells: int) ->
 def test_sigkill_mid_cell_then_resume(tmp_path, torch_env):
     _, interrupted, cell_pid = interrupt_second_cell(tmp_path, "resume", signal.SIGKILL, cells=3)
     # The cell dies with the sweep (PR_SET_PDEATHSIG), it does not keep training unseen.
-    _wait_for(lambda: not Path(f"/proc/{cell_pid}").exists() or
+    wait_for(lambda: not Path(f"/proc/{cell_pid}").exists() or
               "Z" in Path(f"/proc/{cell_pid}/stat").read_text().split()[2], 10, "the orphaned cell to die")
     assert not (interrupted / "result.json").exists()
 

@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-import duckdb
 import pytest
 from bundle_factory import make_bundle
+from test_sweep import sql, wait_for
 
 from matrun.errors import InputError, MatrunError
 from matrun.runner.executors.registry import get_executor
@@ -74,14 +74,6 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]
     return proc.returncode, out, err
 
 
-def sql(db: Path, query: str) -> list[tuple]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(query).fetchall()
-    finally:
-        con.close()
-
-
 def results_on_disk(results: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(results.glob("*/*/*/result.json"))]
 
@@ -94,15 +86,6 @@ def planned_ids(matrix: Path) -> list[str]:
 def no_traceback(proc_err: str) -> None:
     assert "Traceback" not in proc_err and "Exception in thread" not in proc_err, proc_err
 
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @contextmanager
@@ -448,25 +431,18 @@ def test_a_results_disk_that_fills_during_a_cell_keeps_every_finished_run(tmp_pa
 def test_the_monitor_outlives_a_full_disk(tmp_path):
     """A results disk that fills while a cell runs: the sampling thread stops writing
     monitor.jsonl but keeps sampling, so the run still gets its aggregates (a real tmpfs)."""
-    import subprocess
-    import sys
-    import time
-
     from matrun.runner.executors.monitor import Monitor
 
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
-    try:
-        (disk / "fill").write_bytes(b"x" * (60 * 1024))  # nearly full: the header fits, samples soon do not
-        monitor = Monitor(child.pid, disk / "monitor.jsonl", interval_s=0.01)
-        monitor.start()
-        time.sleep(2.5)  # the disk fills within the first second (an 8 KiB buffer, flushed each second)
-        totals = monitor.stop()
-    finally:
-        child.kill()
-        child.wait()
-        subprocess.run(["umount", str(disk)], check=True)
+    with tmpfs(tmp_path / "disk", "64k") as disk:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+        try:
+            (disk / "fill").write_bytes(b"x" * (60 * 1024))  # nearly full: the header fits, samples soon do not
+            monitor = Monitor(child.pid, disk / "monitor.jsonl", interval_s=0.01)
+            monitor.start()
+            time.sleep(2.5)  # the disk fills within the first second (an 8 KiB buffer, flushed each second)
+            totals = monitor.stop()
+        finally:
+            child.kill()
+            child.wait()
     # Sampled all along (about 2.5 s at 100 Hz), though the file stopped taking them early.
     assert totals["samples"] > 150, totals

@@ -37,6 +37,15 @@ class Totals:
     rss: float = 0.0
     rss_peak: int = 0
 
+    def add(self, user: float, system: float, iowait: float, rss: int) -> None:
+        """One sample into the sums."""
+        self.samples += 1
+        self.cpu_user += user
+        self.cpu_system += system
+        self.iowait += iowait
+        self.rss += rss
+        self.rss_peak = max(self.rss_peak, rss)
+
     def aggregates(self, interval_s: float) -> dict[str, Any]:
         """The aggregates that go into result.json (None for each average without samples)."""
         n = self.samples
@@ -203,13 +212,7 @@ class Monitor:
                 rss: int, nprocs: int) -> None:
         out.write(json.dumps({"t": round(t, 3), "cpu_user": round(user, 2), "cpu_system": round(system, 2),
                               "iowait": round(iowait, 2), "rss_bytes": rss, "nprocs": nprocs}) + "\n")
-        tot = self._totals
-        tot.samples += 1
-        tot.cpu_user += user
-        tot.cpu_system += system
-        tot.iowait += iowait
-        tot.rss += rss
-        tot.rss_peak = max(tot.rss_peak, rss)
+        self._totals.add(user, system, iowait, rss)
 
 
 def iowait_percent(before: Any, after: Any) -> float:

@@ -237,10 +237,4 @@ class CgroupMonitor:
         out.write(json.dumps({"t": round(t, 3), "cpu_user": round(user, 2), "cpu_system": round(system, 2),
                               "iowait": round(iowait, 2), "rss_bytes": rss, "nprocs": nprocs,
                               "mem_usage_bytes": usage}) + "\n")
-        tot = self._totals
-        tot.samples += 1
-        tot.cpu_user += user
-        tot.cpu_system += system
-        tot.iowait += iowait
-        tot.rss += rss
-        tot.rss_peak = max(tot.rss_peak, rss)
+        self._totals.add(user, system, iowait, rss)
