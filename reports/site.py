@@ -101,6 +101,12 @@ class Context:
     colors: dict[str, str]
     levels: dict[str, dict[str, Any]]
     """cell_stats's n and interval coverage per cell_id."""
+    csv_prefix: str = ""
+    """Put before the name of every CSV file a page writes (a study page's tables)."""
+
+    def csv(self, name: str) -> str:
+        """The file name of the CSV called ``name`` on this page."""
+        return self.csv_prefix + name
 
 
 def cell_label_map(ctx: Context, frame: pl.DataFrame, **kwargs: Any) -> dict[Any, str]:
@@ -148,12 +154,13 @@ def _baseline_page(ctx: Context) -> PageBody | None:
         sections.baseline_section(
             baseline, params, cell_params, unfinished_cells(runs, baseline, label_of),
             figure(figures.throughput_figure(baseline, ctx.colors), "fig-throughput"),
-            csv_href="baseline.csv"),
+            csv_href=ctx.csv("baseline.csv")),
         sections.epochs_section(figure(figures.epoch_figure(epochs, ctx.colors), "fig-epochs"),
-                                csv_href="epoch_curve.csv"),
+                                csv_href=ctx.csv("epoch_curve.csv")),
     ]
     anchors = [("baseline", "Baseline"), ("epochs", "Per epoch")]
-    csv = {"baseline.csv": frame_csv(report.baseline), "epoch_curve.csv": frame_csv(report.epoch_curve)}
+    csv = {ctx.csv("baseline.csv"): frame_csv(report.baseline),
+           ctx.csv("epoch_curve.csv"): frame_csv(report.epoch_curve)}
     defaults, best = report.study("default_cells"), report.study("best_vs_default")
     if not defaults.is_empty():
         parts.append(section(
@@ -162,17 +169,18 @@ def _baseline_page(ctx: Context) -> PageBody | None:
             "'The default cell'): medians with their confidence intervals. A group without "
             "exactly one such cell says why.",
             figure(sf.defaults_figure(defaults), "fig-defaults"),
-            ss.defaults_table(defaults, ctx.levels)))
+            ss.defaults_table(defaults, ctx.levels, csv_href=ctx.csv("default_cells.csv"))))
         anchors.append(("defaults", "Defaults"))
-        csv["default_cells.csv"] = frame_csv(defaults)
+        csv[ctx.csv("default_cells.csv")] = frame_csv(defaults)
     if not best.is_empty():
         parts.append(section(
             "best", "Best settings against the defaults",
             "How much faster each framework trains than at its defaults without losing "
             "accuracy; only a significant difference is called faster.",
-            figure(sf.best_figure(best), "fig-best"), ss.best_table(best)))
+            figure(sf.best_figure(best), "fig-best"),
+            ss.best_table(best, csv_href=ctx.csv("best_vs_default.csv"))))
         anchors.append(("best", "Best vs default"))
-        csv["best_vs_default.csv"] = frame_csv(best)
+        csv[ctx.csv("best_vs_default.csv")] = frame_csv(best)
     return PageBody(join(parts, "\n"), anchors, csv, report.baseline.height)
 
 
@@ -184,14 +192,14 @@ def _study_page(view: str, anchor: str, title: str, lead: str,
         if frame.is_empty():
             return None
         body = section(anchor, title, lead, *content(ctx, frame))
-        return PageBody(body, [], {f"{view}.csv": frame_csv(frame)}, frame.height)
+        return PageBody(body, [], {ctx.csv(f"{view}.csv"): frame_csv(frame)}, frame.height)
     return build
 
 
 def _libraries(ctx: Context, frame: pl.DataFrame) -> list[Any]:
     labels = row_labels(frame, key="config", exclude=("variant", "blas", "onednn"))
     return [figure(sf.library_figure(frame, labels, ctx.levels), "fig-libraries"),
-            ss.library_table(frame, labels, ctx.levels)]
+            ss.library_table(frame, labels, ctx.levels, csv_href=ctx.csv("library_comparison.csv"))]
 
 
 def _threads(ctx: Context, frame: pl.DataFrame) -> list[Any]:
@@ -199,7 +207,7 @@ def _threads(ctx: Context, frame: pl.DataFrame) -> list[Any]:
     parts: list[Any] = [figure(sf.thread_figure(frame, labels, ctx.levels), "fig-threads")]
     for i, (_, fig) in enumerate(sf.thread_batch_heatmaps(frame, limit=MAX_FIGURES)):
         parts.append(figure(fig, f"fig-threads-batch-{i}"))
-    parts.append(ss.thread_table(frame, labels, ctx.levels))
+    parts.append(ss.thread_table(frame, labels, ctx.levels, csv_href=ctx.csv("thread_sweep.csv")))
     return parts
 
 
@@ -221,7 +229,7 @@ def _epochs(ctx: Context, frame: pl.DataFrame) -> list[Any]:
             label = labels.get(part.get_column("config")[0], "")
             parts.append(figure(sf.epoch_sweep_figure(unit_part, label, ctx.levels),
                                 f"fig-epochs-{i}-{j}"))
-    parts.append(ss.epoch_table(frame, labels, ctx.levels))
+    parts.append(ss.epoch_table(frame, labels, ctx.levels, csv_href=ctx.csv("epoch_sweep.csv")))
     return parts
 
 
@@ -241,8 +249,8 @@ def _batch_page(ctx: Context) -> PageBody | None:
             "against the batch size, compared with the smallest batch. Batches where no run "
             "succeeded are marked × at zero.",
             figure(sf.batch_figure(sweep, labels, ctx.levels), "fig-batch"),
-            ss.batch_table(sweep, labels, ctx.levels)))
-        csv["batch_sweep.csv"] = frame_csv(sweep)
+            ss.batch_table(sweep, labels, ctx.levels, csv_href=ctx.csv("batch_sweep.csv"))))
+        csv[ctx.csv("batch_sweep.csv")] = frame_csv(sweep)
         anchors.append(("batch", "Speed and accuracy"))
     if not resources.is_empty():
         parts.append(section(
@@ -251,8 +259,8 @@ def _batch_page(ctx: Context) -> PageBody | None:
             "device memory per batch size; a memory limit is dashed, batches that ran out of "
             "memory are marked ×.",
             figure(sf.batch_resources_figure(resources, labels), "fig-batch-resources"),
-            ss.batch_resources_table(resources, labels)))
-        csv["batch_resources.csv"] = frame_csv(resources)
+            ss.batch_resources_table(resources, labels, csv_href=ctx.csv("batch_resources.csv"))))
+        csv[ctx.csv("batch_resources.csv")] = frame_csv(resources)
         anchors.append(("batch-resources", "Resources"))
     return PageBody(join(parts, "\n"), anchors, csv, max(sweep.height, resources.height))
 
@@ -270,14 +278,14 @@ def _lr_grid(ctx: Context, frame: pl.DataFrame) -> list[Any]:
     for i, part in enumerate(shown):
         label = labels.get(part.get_column("config")[0], "")
         parts.append(figure(sf.lr_grid_figure(part, label), f"fig-lr-grid-{i}"))
-    parts.append(ss.lr_grid_table(frame, labels, ctx.levels))
+    parts.append(ss.lr_grid_table(frame, labels, ctx.levels, csv_href=ctx.csv("batch_lr_grid.csv")))
     return parts
 
 
 def _scaling(ctx: Context, frame: pl.DataFrame) -> list[Any]:
     labels = row_labels(frame, key="config", exclude=("gpus", "workers", "nodes", "batch_size"))
     return [figure(sf.scaling_figure(frame, labels), "fig-scaling"),
-            ss.scaling_table(frame, labels, ctx.levels)]
+            ss.scaling_table(frame, labels, ctx.levels, csv_href=ctx.csv("worker_scaling.csv"))]
 
 
 def _convergence(ctx: Context, frame: pl.DataFrame) -> list[Any]:
@@ -290,7 +298,7 @@ def _convergence(ctx: Context, frame: pl.DataFrame) -> list[Any]:
     note = (f"The figure shows the {MAX_CONVERGENCE_CELLS} cells with the most repeats of "
             f"{len(cells)}; the table and its CSV have them all." if len(cells) > MAX_CONVERGENCE_CELLS else "")
     return [_note(note), figure(sf.convergence_figure(shown, labels), "fig-convergence"),
-            ss.convergence_table(frame, labels)]
+            ss.convergence_table(frame, labels, csv_href=ctx.csv("epoch_convergence.csv"))]
 
 
 def _layers_page(ctx: Context) -> PageBody | None:
@@ -305,18 +313,20 @@ def _layers_page(ctx: Context) -> PageBody | None:
     for i, part in enumerate(cells[:MAX_FIGURES]):
         parts.append(figure(sf.layer_figure(part, labels.get(part.get_column("cell_id")[0], "")),
                             f"fig-layers-{i}"))
-    parts += [ss.layer_kinds_table(kinds, labels), ss.layer_table(layers, labels)]
+    parts += [ss.layer_kinds_table(kinds, labels, csv_href=ctx.csv("layer_kinds.csv")),
+              ss.layer_table(layers, labels, csv_href=ctx.csv("layer_breakdown.csv"))]
     body = section("layers", "Layer-wise forward and backward time (D Figs 6–7; E Fig 7)",
                    "Median over each cell's runs of every layer's isolated forward and backward "
                    "time (cells run with layer_profile), and the share of each kind of layer.",
                    *parts)
-    csv = {"layer_kinds.csv": frame_csv(kinds), "layer_breakdown.csv": frame_csv(layers)}
+    csv = {ctx.csv("layer_kinds.csv"): frame_csv(kinds), ctx.csv("layer_breakdown.csv"): frame_csv(layers)}
     return PageBody(body, [], csv, layers.height)
 
 
 def _options(ctx: Context, frame: pl.DataFrame) -> list[Any]:
     labels = row_labels(frame, key="config", exclude=("layout", "precision", "onednn"))
-    return [figure(sf.option_figure(frame, labels), "fig-options"), ss.option_table(frame, labels)]
+    return [figure(sf.option_figure(frame, labels), "fig-options"),
+            ss.option_table(frame, labels, csv_href=ctx.csv("option_effect.csv"))]
 
 
 def _pareto(ctx: Context, frame: pl.DataFrame) -> list[Any]:
@@ -329,7 +339,7 @@ def _pareto(ctx: Context, frame: pl.DataFrame) -> list[Any]:
         first = part.row(0, named=True)
         group = f"{first['model']} · {first['dataset']} · {first['device']}"
         parts.append(figure(sf.pareto_figure(part, labels, group), f"fig-pareto-{i}"))
-    parts.append(ss.pareto_table(frame, labels, ctx.levels))
+    parts.append(ss.pareto_table(frame, labels, ctx.levels, csv_href=ctx.csv("pareto_front.csv")))
     return parts
 
 

@@ -85,6 +85,9 @@ out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 MatrixArg = Annotated[Path, typer.Argument(metavar="MATRIX", help="The matrix file.", show_default=True)]
+ProfileOpt = Annotated[Optional[str], typer.Option(
+    "--profile", "-p", metavar="NAME", help="Apply the matrix's [profiles.NAME] (e.g. quick; `matrun studies` "
+    "lists each study's profiles).")]
 WhereOpt = Annotated[list[str], typer.Option(
     "--where", "-w", metavar="KEY=V[,V…]", help="Only cells whose parameter KEY has one of these values "
     "(repeatable; KEY may be 'cell' for a cell-id prefix).")]

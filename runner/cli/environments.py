@@ -17,7 +17,9 @@ from rich.table import Table
 
 from matrun.errors import InputError
 from matrun.frameworks import default_framework, get_framework
-from matrun.runner.cli.common import MatrixArg, WarehouseOpt, WhereOpt, app, command, err, group, out, resolve_warehouse
+from matrun.runner.cli.common import (
+    MatrixArg, ProfileOpt, WarehouseOpt, WhereOpt, app, command, err, group, out, resolve_warehouse,
+)
 from matrun.runner.environments import engine
 from matrun.runner.environments.builds import build_images
 from matrun.runner.environments.contexts import images_needed
@@ -35,11 +37,12 @@ engine_app = group(
 @command(app)
 def envs(
     matrix: MatrixArg = Path("matrix.toml"),
+    profile: ProfileOpt = None,
     build: Annotated[bool, typer.Option("--build", help="Build the environments the matrix needs.")] = False,
 ) -> None:
     """List the framework environments built here; --build prepares those the matrix needs."""
     if build:
-        m = load_matrix(matrix)
+        m = load_matrix(matrix, profile)
         for fw, variant in sorted({(c.values["framework"], c.values["variant"]) for c in m.cells}):
             env = ensure_env(fw, variant, log=lambda t: typer.echo(t, err=True))
             typer.echo(f"{env.spec.env_id}: {env.path}")
@@ -72,11 +75,13 @@ def _parse_image(text: str) -> tuple[str, str]:
     return framework, variant
 
 
-def wanted_images(matrix: Path, where: list[str], image: list[str]) -> list[tuple[str, str]]:
+def wanted_images(matrix: Path, where: list[str], image: list[str],
+                  profile: str | None = None) -> list[tuple[str, str]]:
     """The (framework, variant) images to build: ``--image`` ones, else those of the matrix's cells."""
     if image:
         return list(dict.fromkeys(_parse_image(text) for text in image))
-    cells = select(plan_cells(load_matrix(matrix), lambda fw, variant: f"{fw}-{variant}"), parse_where(where))
+    cells = select(plan_cells(load_matrix(matrix, profile), lambda fw, variant: f"{fw}-{variant}"),
+                   parse_where(where))
     return images_needed(cells)
 
 
@@ -84,6 +89,7 @@ def wanted_images(matrix: Path, where: list[str], image: list[str]) -> list[tupl
 def build(
     matrix: Annotated[Path, typer.Argument(
         metavar="MATRIX", help="The matrix file whose cells' images to build.")] = Path("matrix.toml"),
+    profile: ProfileOpt = None,
     where: WhereOpt = [],
     image: Annotated[list[str], typer.Option(
         "--image", metavar="FRAMEWORK:VARIANT", help="Build this image instead of the matrix's (repeatable).")] = [],
@@ -103,7 +109,7 @@ def build(
         "--warehouse", metavar="FILE", help="DuckDB file to record the images in (default: the matrix's).")] = None,
 ) -> None:
     """Build the framework images the matrix needs (only those), probe them, record them."""
-    images = wanted_images(matrix, where, image)
+    images = wanted_images(matrix, where, image, profile)
     if not images:
         raise InputError("no cells selected: nothing to build")
     if wheelhouse is None:

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from matrun.errors import BundleError
-from matrun.runner.cli.common import MatrixArg, WhereOpt, app, command, err, out
+from matrun.runner.cli.common import MatrixArg, ProfileOpt, WhereOpt, app, command, err, out
 from matrun.runner.planning.matrix import load_matrix
 from matrun.runner.planning.overview import plan_rows, status_rows
 from matrun.runner.slurm.jobs import cell_progress
@@ -35,11 +35,13 @@ def _seconds(value: float | None) -> str:
 @command(app)
 def plan(
     matrix: MatrixArg = Path("matrix.toml"),
+    profile: ProfileOpt = None,
     where: WhereOpt = [],
 ) -> None:
     """Show the cells of a matrix: parameters that vary, id, repeats done, time estimate."""
-    rows, footer = plan_rows(matrix_path=matrix, where=where)
-    table = Table(title=f"{matrix}: {footer['cells']} cells × {footer['repeats']} repeats", show_lines=False)
+    rows, footer = plan_rows(matrix_path=matrix, where=where, profile=profile)
+    shown = f"{matrix} --profile {profile}" if profile else f"{matrix}"
+    table = Table(title=f"{shown}: {footer['cells']} cells × {footer['repeats']} repeats", show_lines=False)
     for col in ("cell", *footer["varying"], "env", "done", "estimate"):
         table.add_column(col)
     for row in rows:
@@ -58,6 +60,7 @@ def plan(
 @command(app)
 def sweep(
     matrix: MatrixArg = Path("matrix.toml"),
+    profile: ProfileOpt = None,
     where: WhereOpt = [],
     force: Annotated[bool, typer.Option("--force", help="Run again even the cells that already have an ok run.")] = False,
     executor: Annotated[Optional[str], typer.Option(help="auto, local, docker or slurm (default: the matrix's [sweep] "
@@ -108,7 +111,7 @@ def sweep(
              "exclusive": exclusive, "sbatch_args": sbatch_arg or None}
     try:
         summary = run_sweep(matrix_path=matrix, where=where, force=force, executor=executor, on_event=on_event,
-                            detach=detach, slurm=slurm)
+                            detach=detach, slurm=slurm, profile=profile)
     except SweepStopped as stopped:  # what ran until then, then the Error line (common.py)
         progress.stop()
         if stopped.summary.ran or stopped.summary.ingested or stopped.summary.skipped:
@@ -150,10 +153,10 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 
 @command(app)
-def status(matrix: MatrixArg = Path("matrix.toml")) -> None:
+def status(matrix: MatrixArg = Path("matrix.toml"), profile: ProfileOpt = None) -> None:
     """Show, per cell of the matrix, how many repeats are done and how the last run ended."""
-    rows, counts = status_rows(matrix_path=matrix)
-    m = load_matrix(matrix)
+    rows, counts = status_rows(matrix_path=matrix, profile=profile)
+    m = load_matrix(matrix, profile)
     progress = cell_progress(m.sweep.results / m.sweep.name)  # None: no Slurm submissions
     table = Table(title=f"{matrix}: sweep {counts['sweep']}")
     slurm_cols = ("queued", "running", "done", "failed") if progress else ()
@@ -180,10 +183,12 @@ def status(matrix: MatrixArg = Path("matrix.toml")) -> None:
 @command(app)
 def cancel(
     matrix: MatrixArg = Path("matrix.toml"),
+    profile: ProfileOpt = None,
     wait: Annotated[float, typer.Option(help="Seconds to wait for the tasks to stop their containers.")] = 180.0,
 ) -> None:
     """Cancel the sweep's Slurm jobs (scancel); record and ingest the runs they stopped."""
-    result = cancel_sweep(matrix_path=matrix, wait_s=wait, on_message=lambda text: typer.echo(text, err=True))
+    result = cancel_sweep(matrix_path=matrix, wait_s=wait, on_message=lambda text: typer.echo(text, err=True),
+                          profile=profile)
     if not result["job_ids"]:
         typer.echo(f"sweep {result['sweep']}: no queued or running Slurm job; nothing to cancel")
         return

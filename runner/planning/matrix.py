@@ -29,8 +29,13 @@ from matrun.runner.harness.spec import layer_profile_problem, unused_keys
 from matrun.runner.planning.params import PARAMS, ParamError, plain, show
 from matrun.runner.planning.presets import apply_preset
 from matrun.runner.slurm.settings import SlurmSettings, parse_slurm_section
+from matrun.warehouse.findings import StudyDecl, parse_study
 
-SECTIONS = ("sweep", "fixed", "axes", "zip", "include", "exclude", "slurm")
+SECTIONS = ("sweep", "fixed", "axes", "zip", "include", "exclude", "slurm", "profiles", "study", "findings", "paper")
+#: What a ``[profiles.<name>]`` table may hold (docs/MATRIX.md "Profiles").
+PROFILE_KEYS = ("about", "sweep", "fixed", "axes", "zip")
+#: At most this many profiles in one matrix.
+MAX_PROFILES = 32
 EXECUTORS = ("auto", "local", "docker", "slurm")
 DEFAULT_MAX_CELLS = 10_000
 #: The most ``[sweep] max_cells`` may allow: beyond it planning alone takes minutes and
@@ -50,6 +55,7 @@ MAX_ERRORS = 50
 #: Keys that name a path (``[slurm] python`` is checked by its own rule as well).
 PATH_KEYS = ("results", "warehouse", "data_dir")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+_PROFILE = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -96,6 +102,12 @@ class Matrix:
     sweep: SweepSettings
     cells: tuple[CellParams, ...] = field(default_factory=tuple)
     slurm: SlurmSettings = field(default_factory=SlurmSettings)  # [slurm]: how the slurm executor submits
+    profile: str | None = None
+    """The ``[profiles.<name>]`` applied (None: the base matrix)."""
+    profiles: Mapping[str, str] = field(default_factory=dict)
+    """Every profile the file declares, name -> its ``about`` text."""
+    study: StudyDecl | None = None
+    """``[study]``, ``[[findings]]`` and ``[paper]`` of a study file (None for a plain matrix)."""
 
 
 class _Errors:
@@ -128,8 +140,9 @@ def printable(text: str, limit: int | None = None) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
-def load_matrix(path: Path) -> Matrix:
-    """Read, validate and expand a matrix file.  Raises ``MatrixError`` on any problem."""
+def load_matrix(path: Path, profile: str | None = None) -> Matrix:
+    """Read, validate and expand a matrix file, with ``[profiles.<profile>]`` applied when a
+    profile is named.  Raises ``MatrixError`` on any problem."""
     shown = printable(str(path), 200)
     try:
         size = path.stat().st_size
@@ -150,16 +163,25 @@ def load_matrix(path: Path) -> Matrix:
     except RecursionError:  # tomllib recurses once per level of nested arrays / inline tables
         raise MatrixError(f"{name}: invalid TOML: arrays or inline tables nested more than "
                           f"{MAX_NESTING} deep") from None
-    return parse_matrix(doc, path=path.resolve())
+    return parse_matrix(doc, path=path.resolve(), profile=profile)
 
 
-def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:
+def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = None) -> Matrix:
     errors = _Errors(path)
     _check_nesting(doc, errors)
     errors.raise_if_any()
     for key in doc:
         if key not in SECTIONS:
             errors.add((key,), f"unknown section; expected one of {', '.join(SECTIONS)}")
+    study = parse_study(doc, errors.add, param_names=tuple(PARAMS))
+    profiles = _parse_profiles(doc.get("profiles", {}), errors, base=path.parent)
+    errors.raise_if_any()
+    if profile is not None:
+        if profile not in profiles:
+            declared = ", ".join(profiles) or "none"
+            raise MatrixError(f"{errors.file}: [profiles -> {printable(profile, 60)}] no such profile; "
+                              f"this file declares: {declared}")
+        doc = apply_profile(doc, doc["profiles"][profile], profile)
     sweep = _parse_sweep(doc.get("sweep", {}), errors, base=path.parent)
     fixed = _parse_fixed(doc.get("fixed", {}), errors)
     axes = _parse_axes(doc.get("axes", {}), errors)
@@ -210,7 +232,104 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path) -> Matrix:
 
     varying = tuple(k for k in PARAMS if _varies(resolved, k))
     cells = tuple(CellParams(MappingProxyType(r), varying) for r in resolved)
-    return Matrix(path=path, sweep=sweep, cells=cells, slurm=slurm)
+    return Matrix(path=path, sweep=sweep, cells=cells, slurm=slurm, profile=profile, profiles=profiles, study=study)
+
+
+def _parse_profiles(raw: Any, errors: _Errors, *, base: Path) -> dict[str, str]:
+    """Check every ``[profiles.<name>]`` (applied or not, so that ``matrun plan`` finds a
+    mistake in any of them): name -> its ``about`` text.  Each section is checked as the base
+    matrix's own is, with its errors under ``[profiles -> <name> -> ...]``."""
+    if not isinstance(raw, dict):
+        errors.add(("profiles",), f"expected tables [profiles.<name>], got {show(raw)}")
+        return {}
+    if len(raw) > MAX_PROFILES:
+        errors.add(("profiles",), f"declares {len(raw):,} profiles; at most {MAX_PROFILES}")
+        return {}
+    found: dict[str, str] = {}
+    for name, table in raw.items():
+        where = ("profiles", name)
+        if not _PROFILE.match(name):
+            errors.add(where, "expected a profile name of lower-case letters, digits, '_' or '-' "
+                              "(at most 32, starting with a letter)")
+            continue
+        if not isinstance(table, dict):
+            errors.add(where, f"expected a table of sweep / fixed / axes / zip overrides, got {show(table)}")
+            continue
+        inner = _Prefixed(errors, where)
+        for key, value in table.items():
+            if key not in PROFILE_KEYS:
+                inner.add((key,), f"unknown key; a profile may set {', '.join(PROFILE_KEYS)}")
+        about = table.get("about", "")
+        if not isinstance(about, str) or len(about) > 500 or _CONTROL.search(about):
+            inner.add(("about",), f"expected a line of text (at most 500 characters), got {show(about)}")
+            about = ""
+        if "sweep" in table:
+            _parse_sweep(table["sweep"], inner, base=base)  # type: ignore[arg-type]
+        if "fixed" in table:
+            _parse_fixed(table["fixed"], inner)  # type: ignore[arg-type]
+        if "axes" in table:
+            _parse_axes(table["axes"], inner)  # type: ignore[arg-type]
+        zips = _parse_zips(table.get("zip", []), inner)  # type: ignore[arg-type]
+        fixed = table.get("fixed") if isinstance(table.get("fixed"), dict) else {}
+        axes = table.get("axes") if isinstance(table.get("axes"), dict) else {}
+        _check_overlaps(dict(fixed), dict(axes), zips, inner)  # type: ignore[arg-type]
+        found[name] = about
+    return found
+
+
+class _Prefixed:
+    """An error list whose key paths start with ``prefix`` (a profile's sections)."""
+
+    def __init__(self, errors: _Errors, prefix: tuple[Any, ...]) -> None:
+        self.errors = errors
+        self.prefix = prefix
+        self.file = errors.file
+
+    def add(self, where: tuple[Any, ...], message: str) -> None:
+        self.errors.add(self.prefix + tuple(where), message)
+
+
+def apply_profile(doc: Mapping[str, Any], profile: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The matrix document with a (checked) profile applied: its ``sweep`` keys replace the
+    base's; every parameter it sets in ``fixed``, ``axes`` or ``zip`` is first taken out of
+    wherever the base set it (so a profile may fix what the base varies and vary what it
+    fixes), then set where the profile says; its ``zip`` tables are added after the base's
+    remaining ones.  A base zip table that loses keys keeps the rest, its repeated rows
+    dropped.  The sweep's name becomes ``<name>-<profile>`` unless the profile names it, so
+    each profile has its own results folder."""
+    def table(value: Any) -> dict[str, Any]:
+        return dict(value) if isinstance(value, dict) else {}
+
+    out = dict(doc)
+    if isinstance(doc.get("sweep", {}), dict):  # (a malformed base is reported as such later)
+        sweep = dict(doc.get("sweep", {}))
+        base_name = sweep.get("name", SweepSettings.name)
+        sweep["name"] = f"{base_name}-{name}" if isinstance(base_name, str) else base_name
+        sweep.update(table(profile.get("sweep")))
+        out["sweep"] = sweep
+    p_fixed, p_axes = table(profile.get("fixed")), table(profile.get("axes"))
+    p_zips = [dict(g) for g in profile.get("zip", []) if isinstance(g, dict)]
+    moved = set(p_fixed) | set(p_axes) | {k for g in p_zips for k in g}
+    if isinstance(doc.get("fixed", {}), dict):
+        out["fixed"] = {**{k: v for k, v in doc.get("fixed", {}).items() if k not in moved}, **p_fixed}
+    if isinstance(doc.get("axes", {}), dict):
+        out["axes"] = {**{k: v for k, v in doc.get("axes", {}).items() if k not in moved}, **p_axes}
+    if isinstance(doc.get("zip", []), list):
+        zips: list[Any] = []
+        for group in doc.get("zip", []):
+            if not isinstance(group, dict) or not all(isinstance(v, list) for v in group.values()):
+                zips.append(group)
+                continue
+            kept = {k: v for k, v in group.items() if k not in moved}
+            if kept and len(kept) < len(group):  # rows that became equal are one row
+                rows: dict[str, int] = {}
+                for i in range(min(len(v) for v in kept.values())):
+                    rows.setdefault(repr([v[i] for v in kept.values()]), i)
+                kept = {k: [v[i] for i in rows.values()] for k, v in kept.items()}
+            if kept:
+                zips.append(kept)
+        out["zip"] = zips + p_zips
+    return out
 
 
 def _combinations(axes: dict[str, list[Any]], zips: list[dict[str, list[Any]]],

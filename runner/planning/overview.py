@@ -14,12 +14,13 @@ from matrun.runner.planning.selection import parse_where, select
 from matrun.warehouse.bundles.layout import RESULT
 
 
-def plan_rows(*, matrix_path: Path, where: Sequence[str] = ()) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def plan_rows(*, matrix_path: Path, where: Sequence[str] = (),
+              profile: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One row per selected cell, and a footer with counts and the time estimate.
 
     A row holds each varying parameter's value as text, ``-`` where the cell does not use it.
     """
-    matrix = load_matrix(matrix_path)
+    matrix = load_matrix(matrix_path, profile)
     runner, _ = get_executor(matrix.sweep.executor)
     cells = select(plan_cells(matrix, runner.env_id), parse_where(where))
     done = done_runs(matrix.sweep.warehouse)
@@ -50,9 +51,9 @@ def _shown(value: Any) -> str:
     return "-" if value is None else as_text(value)
 
 
-def status_rows(*, matrix_path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def status_rows(*, matrix_path: Path, profile: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per cell: ok repeats, last status, attempts; and totals by state."""
-    matrix = load_matrix(matrix_path)
+    matrix = load_matrix(matrix_path, profile)
     runner, _ = get_executor(matrix.sweep.executor)
     cells = plan_cells(matrix, runner.env_id)
     done = done_runs(matrix.sweep.warehouse)

@@ -40,6 +40,22 @@ def preflight(cells: Sequence[PlannedCell], data_dir: Path) -> None:
     preflight_data(cells, data_dir)
 
 
+def preflight_study(matrix: Matrix, cells: Sequence[PlannedCell]) -> None:
+    """A study file that needs GPUs (``[study] needs = "gpu"``), run on a host without enough
+    of them, is refused before anything runs, with what it needs."""
+    study = matrix.study
+    asked = max((pc.cell.values["gpus"] or 0 for pc in cells if pc.cell.values["device"] == "gpu"), default=0)
+    if study is None or (study.needs != "gpu" and not asked):
+        return
+    needed = max(asked, 1)
+    here = host_gpus()
+    if here < needed:
+        profile = f" (profile {matrix.profile})" if matrix.profile else ""
+        raise MatrunError(f"study {study.id}{profile}, {study.title}: needs a GPU host with {needed} NVIDIA GPU(s) "
+                          f"(its cells run with device = \"gpu\"; {study.source} of the paper); this host has "
+                          f"{here}. Run it on a GPU host, or with --executor slurm on a GPU partition")
+
+
 def preflight_data(cells: Sequence[PlannedCell], data_dir: Path) -> None:
     """The datasets the cells read are present in ``data_dir`` (for a cluster: the nodes see
     the same path on a shared file system)."""

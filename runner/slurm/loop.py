@@ -132,11 +132,12 @@ class _Unnamed:
 
 
 def cancel_sweep(*, matrix_path: Path, wait_s: float = CANCEL_WAIT_S,
-                 on_message: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+                 on_message: Callable[[str], None] = lambda text: None,
+                 profile: str | None = None) -> dict[str, Any]:
     """``matrun cancel``: scancel the sweep's recorded Slurm jobs, wait until their tasks have
     stopped their containers, record what ran as cancelled and ingest it (unless a running
     ``matrun sweep`` holds the sweep: it does that itself)."""
-    matrix = load_matrix(matrix_path)
+    matrix = load_matrix(matrix_path, profile)
     sweep_dir = matrix.sweep.results / matrix.sweep.name
     jobs = SweepJobs(sweep_dir, matrix.slurm)
     outcome: dict[str, Any] = {"sweep": matrix.sweep.name, "job_ids": [], "ended": True, "recorded": 0,

@@ -34,8 +34,9 @@ from matrun.runner.executors.protocol import AsyncExecutor, Executor, RunOutcome
 from matrun.runner.executors.registry import get_executor, reap_orphans
 from matrun.runner.planning.history import done_runs, durations
 from matrun.runner.planning.identity import PlannedCell, plan_cells
-from matrun.runner.planning.preflight import preflight, preflight_data, resolve_data_dir
+from matrun.runner.planning.preflight import preflight, preflight_data, preflight_study, resolve_data_dir
 from matrun.runner.planning.selection import parse_where, select
+from matrun.runner.planning.studies import record_study
 from matrun.runner.planning.matrix import Matrix, load_matrix
 from matrun.runner.slurm.loop import run_async
 from matrun.runner.sweep.records import (
@@ -52,8 +53,13 @@ LOW_SPACE_BYTES = 1 << 20
 
 def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = False,
               executor: str | None = None, on_event: Callable[[SweepEvent], None] | None = None,
-              detach: bool = False, slurm: Mapping[str, Any] | None = None) -> SweepSummary:
+              detach: bool = False, slurm: Mapping[str, Any] | None = None,
+              profile: str | None = None) -> SweepSummary:
     """Run (or, for slurm, submit) every selected (cell, repeat) without an ok run.
+
+    ``profile``: the matrix's ``[profiles.<name>]`` to apply.  A study file's declaration
+    (``[study]``, its findings and the profile's cells) is recorded in the warehouse before
+    anything runs, so the ``findings`` view can judge the study's cells.
 
     ``slurm``: overrides of the matrix's ``[slurm]`` settings (``SlurmSettings`` field names;
     ``None`` values are ignored).  ``detach``: slurm only, return once submitted.  Raises
@@ -61,15 +67,15 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
     """
     try:
         return _run_sweep(matrix_path=matrix_path, where=where, force=force, executor=executor,
-                          emit=on_event or (lambda event: None), detach=detach, slurm=slurm)
+                          emit=on_event or (lambda event: None), detach=detach, slurm=slurm, profile=profile)
     except OSError as exc:  # a path of the sweep's the system refused, before anything ran
         raise path_error(exc) from None
 
 
 def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor: str | None,
                emit: Callable[[SweepEvent], None], detach: bool,
-               slurm: Mapping[str, Any] | None) -> SweepSummary:
-    matrix = load_matrix(matrix_path)
+               slurm: Mapping[str, Any] | None, profile: str | None = None) -> SweepSummary:
+    matrix = load_matrix(matrix_path, profile)
     filters = parse_where(where)
     name = executor or matrix.sweep.executor
     overrides = {k: v for k, v in (slurm or {}).items() if v is not None and v != () and v != []}
@@ -79,11 +85,13 @@ def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor
     settings = matrix.slurm.merged(overrides) if name == "slurm" else None
     runner, picked = get_executor(name, slurm=settings)
     emit(SweepEvent("message", picked))
-    cells = select(plan_cells(matrix, runner.env_id), filters)
+    every_cell = plan_cells(matrix, runner.env_id)
+    cells = select(every_cell, filters)
     data_dir = resolve_data_dir(matrix)
     if isinstance(runner, AsyncExecutor):  # cpusets and GPUs are the nodes', not this host's
         preflight_data(cells, data_dir)
     else:
+        preflight_study(matrix, cells)
         preflight(cells, data_dir)
     _check_enforced(cells, runner)
     _check_refusals(cells, runner)
@@ -93,6 +101,8 @@ def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor
 
     with sweep_lock(sweep_dir, matrix.sweep.name):
         try:
+            if matrix.study is not None:
+                record_study(matrix, every_cell)
             return _locked(runner, matrix, cells, data_dir, force, detach, summary, emit)
         except SweepLocked:
             raise
