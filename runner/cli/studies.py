@@ -44,16 +44,15 @@ def studies(
         typer.echo(json.dumps(rows, indent=2))
     else:
         table = Table(title=f"{directory}: {len(entries)} studies", show_lines=True)
-        for col in ("id", "file", "seed · table", "varies", "needs", "profile", "runs", "estimate"):
+        for col in ("id", "file", "seed · table", "varies", "profile", "needs", "runs", "estimate"):
             table.add_column(col, overflow="fold")
         for e in entries:
             if e.error:
                 continue
-            needs = e.needs if e.needs != "gpu" else \
-                f"gpu ×{max((p.needs_gpus for p in e.profiles), default=1)}"
             table.add_row(*map(escape, (
-                e.id, e.path.name, f"{e.seed} · {e.source}", ", ".join(e.varying) or "-", needs,
+                e.id, e.path.name, f"{e.seed} · {e.source}", ", ".join(e.varying) or "-",
                 "\n".join(p.name for p in e.profiles),
+                "\n".join(f"gpu ×{p.needs_gpus}" if p.needs_gpus else "cpu" for p in e.profiles),
                 "\n".join(f"{p.cells} × {p.runs // max(p.cells, 1)} = {p.runs}" for p in e.profiles),
                 "\n".join(_seconds(p.estimate_s) for p in e.profiles))))
         out.print(table)

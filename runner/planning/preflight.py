@@ -41,13 +41,13 @@ def preflight(cells: Sequence[PlannedCell], data_dir: Path) -> None:
 
 
 def preflight_study(matrix: Matrix, cells: Sequence[PlannedCell]) -> None:
-    """A study file that needs GPUs (``[study] needs = "gpu"``), run on a host without enough
-    of them, is refused before anything runs, with what it needs."""
+    """A study whose cells (in the profile run) need GPUs, run on a host without enough of them,
+    is refused before anything runs, with what it needs; its CPU profiles run anywhere."""
     study = matrix.study
     asked = max((pc.cell.values["gpus"] or 0 for pc in cells if pc.cell.values["device"] == "gpu"), default=0)
-    if study is None or (study.needs != "gpu" and not asked):
+    if study is None or not asked:
         return
-    needed = max(asked, 1)
+    needed = asked
     here = host_gpus()
     if here < needed:
         profile = f" (profile {matrix.profile})" if matrix.profile else ""
