@@ -244,7 +244,8 @@ def test_missing_and_unreadable_file(tmp_path):
 def test_repository_matrix_is_valid():
     repo_matrix = Path(__file__).resolve().parents[1] / "matrix.toml"
     m = load_matrix(repo_matrix)
-    assert len(m.cells) == 6 and m.sweep.repeats == 2
+    assert len(m.cells) == 6 and m.sweep.repeats == 4
+    assert m.study is not None and m.study.id == "demo" and [f.id for f in m.study.findings] == ["threads-speed-up"]
     assert {c.values["framework"] for c in m.cells} == {"torch", "tensorflow", "mxnet"}
 
 

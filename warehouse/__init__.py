@@ -14,7 +14,9 @@ Modules:
 - ``images``: the ``images`` table ``matrun build`` records;
 - ``compare``: ``matrun compare``: two selections of runs matched cell by cell (data, CSV,
   JSON; its HTML page is ``matrun.reports.compare``);
-- ``advise``: ``matrun advise``: the best configuration against the defaults, in sentences.
+- ``advise``: ``matrun advise``: the best configuration against the defaults, in sentences;
+- ``findings``: a study's declaration (``[study]``, ``[[findings]]``, ``[paper]``) parsed and
+  registered (the ``findings`` view judges it).
 
 May import ``matrun.errors``, ``matrun.frameworks`` and the harness's parameter spec
 (``matrun.runner.harness``); never ``matrun.reports`` or the CLI (they import the warehouse).

@@ -266,7 +266,7 @@ def _parse_finding(n: int, table: dict[str, Any], report: Add,
             ok = ok and text is not None
             fields[key] = text
     check = table.get("check")
-    if "check" in table and check not in CHECKS:
+    if "check" in table and (not isinstance(check, str) or check not in CHECKS):
         report((*where, "check"), f"unknown check {_show(check)}; expected one of {', '.join(CHECKS)}")
         return None
     if check is None:
@@ -287,7 +287,7 @@ def _parse_finding(n: int, table: dict[str, Any], report: Add,
         else:
             options[key] = checked
     for key, default in spec.items():
-        if key in options:
+        if key in table:  # given: checked above
             continue
         if default is _REQUIRED:
             report(where, f"is missing key '{key}', which check \"{check}\" needs")
@@ -511,6 +511,7 @@ def _show(value: Any) -> str:
         return text
     else:
         text = repr(value)
+    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)  # one line, nothing for a terminal
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -529,9 +530,9 @@ def register_study(con: duckdb.DuckDBPyConnection, decl: StudyDecl, *, profile: 
         raise InputError(f"register_study: bad profile name {_show(profile)}")
     if not isinstance(matrix, str) or len(matrix) > 4096:
         raise InputError(f"register_study: bad matrix path {_show(matrix)}")
-    cells = sorted(set(cell_ids))
-    if not all(isinstance(c, str) and 0 < len(c) <= 128 for c in cells):
+    if not all(isinstance(c, str) and 0 < len(c) <= 128 for c in cell_ids):
         raise InputError("register_study: every cell id must be a non-empty text of at most 128 characters")
+    cells = sorted(set(cell_ids))
     declared = datetime.now(timezone.utc).replace(tzinfo=None)
     con.execute("BEGIN TRANSACTION")
     try:

@@ -167,3 +167,39 @@ CREATE OR REPLACE MACRO default_hyperparams(framework, dataset, preset) AS
     CASE WHEN preset = 'none' THEN struct_pack(optimizer := 'sgd', lr := 0.01::DOUBLE, batch_size := 64)
     ELSE framework_preset_hyperparams(framework, CASE WHEN dataset = 'fashion-mnist' THEN 'mnist' ELSE dataset END)
     END;
+
+-- Numbers in sentences (the `findings` view's `observed`): three significant digits, thousands
+-- separated (1,210; 812; 11.4; 1.23; 0.0123); 'n/a' for NULL or NaN.
+CREATE OR REPLACE MACRO fmt_num(v) AS
+    CASE WHEN v IS NULL OR isnan(v) THEN 'n/a'
+         WHEN abs(v) >= 999.5 THEN format('{:,.0f}', v)
+         WHEN abs(v) >= 99.95 THEN format('{:.0f}', v)
+         WHEN abs(v) >= 9.995 THEN format('{:.1f}', v)
+         WHEN abs(v) >= 0.9995 THEN format('{:.2f}', v)
+         WHEN v = 0 THEN '0'
+         ELSE printf('%.3g', v) END;
+
+-- A ratio: "0.67×", "1.49×", "12.3×".
+CREATE OR REPLACE MACRO fmt_ratio(r) AS
+    CASE WHEN r IS NULL OR isnan(r) THEN 'n/a'
+         WHEN abs(r) >= 0.01 AND abs(r) < 9.995 THEN format('{:.2f}×', r)
+         ELSE fmt_num(r) || '×' END;
+
+-- A value of a findings metric with its unit: accuracy in %, throughput in img/s, step_s in
+-- ms per image, memory in MiB, cpu_total in % of one core, the other metrics in seconds.
+CREATE OR REPLACE MACRO fmt_metric(v, metric) AS
+    CASE WHEN v IS NULL THEN 'n/a'
+         WHEN metric = 'accuracy' THEN format('{:.2f} %', v * 100)
+         WHEN metric = 'throughput' THEN fmt_num(v) || ' img/s'
+         WHEN metric = 'step_s' THEN fmt_num(v * 1000) || ' ms/img'
+         WHEN metric IN ('rss_peak_mb', 'device_memory_peak_mb') THEN fmt_num(v) || ' MiB'
+         WHEN metric = 'cpu_total' THEN fmt_num(v) || ' % CPU'
+         ELSE fmt_num(v) || ' s' END;
+
+-- A cell parameter's value in a sentence: counts as "8 threads" / "1 epoch", the rest as
+-- "layout=nhwc".
+CREATE OR REPLACE MACRO fmt_x(x, v) AS
+    CASE WHEN x IN ('threads', 'interop_threads', 'epochs', 'iterations', 'workers', 'gpus', 'nodes')
+              AND TRY_CAST(v AS DOUBLE) IS NOT NULL
+         THEN v || ' ' || CASE WHEN TRY_CAST(v AS DOUBLE) = 1 THEN left(x, length(x) - 1) ELSE x END
+         ELSE x || '=' || v END;

@@ -1,0 +1,400 @@
+-- Did this host reproduce what each study's paper reported?  (docs/WAREHOUSE.md, "Studies
+-- and findings".)  One row per (study, finding, configuration the data cover): the finding's
+-- check (study_findings.check_kind, its keys in options) over the study's cells (study_cells,
+-- every profile) with ok runs.  A configuration is config_id(params, [x] + along, env_id):
+-- every parameter but the check's x (and the parameters declared to vary along with it), the
+-- environment ignored when x or along names variant or framework (they change it).  One
+-- cell per value of x (the one with the most values of the metric).  largest_share works per
+-- cell (config_id(params, [], env_id)) from the layer profiles of its ok runs.
+--
+-- verdict: 'reproduced' / 'contradicted' / 'not significant' / 'not enough data'.  The test is
+-- compare_samples (two-sided Mann-Whitney on the runs' values of the metric, never calling an
+-- interval overlap significant) of cell_id's runs against ref_cell_id's; only a significant
+-- difference is reproduced or contradicted, except `bounded` (medians within the bound are
+-- the claim: reproduced without a test; a change beyond it is contradicted only when
+-- significant) and `largest_share` (a count over runs, no test).  The rules, with a the cell
+-- under test and b its reference, r = median(a) / median(b), significant = cmp.significant,
+-- worse / better by the metric (throughput and accuracy larger is better, the rest smaller):
+--   proportional     a = largest x > 0, b = smallest: a larger and |r / (x_a / x_b) - 1| <= tolerance
+--   trend            a = largest numeric x, b = smallest: the change in the expected direction
+--   oversubscription a = largest x above the host's CPU count (largest runs.host cpu_count of
+--                    the configuration), b = the best cell with x <= it: a worse
+--   spread           a = worst median, b = best: a worse and max(r, 1/r) >= at_least
+--   bounded          b = the ref value of x (default: the parameter's default), else the
+--                    smallest: every other value's median within at_most (percentage points
+--                    for accuracy, a relative change otherwise); beyond it and significant:
+--                    contradicted, beyond it and not: not significant
+--   option           a = x = value, b = x = ref: the change in the expected direction
+--                    ('differs': either), and with `about` | |r - 1| - about | <= tolerance
+--   largest_share    the kind's summed forward + backward time is the largest kind's in every
+--                    ok run with a layer profile (at least 3): reproduced; in none: contradicted
+--   sublinear        a = largest x > 0, b = smallest: a better and speedup / (x_a / x_b) < 1
+-- A finding with no row (its study has no ok runs yet, no layer profile, ...) gets one row
+-- 'not enough data' with NULL config.  effect: r (proportional and sublinear: r over the x
+-- ratio, i.e. linearity and efficiency; spread: max(r, 1/r); bounded: the largest change, in
+-- percentage points for accuracy; largest_share: the kind's median share).
+WITH f AS (
+    SELECT s.study, s.title, d.finding, d.position, d.claim, d.cite, d.check_kind, d.options,
+        d.options ->> 'x'                                                    AS xk,
+        d.options ->> 'metric'                                               AS metric,
+        coalesce(d.options ->> 'metric', '') IN ('throughput', 'accuracy')   AS lib,
+        coalesce(json_extract_string(d.options, '$.along[*]'), []::VARCHAR[]) AS along,
+        d.options ->> 'kind'                                                 AS kind,
+        d.options ->> 'expect'                                               AS expect,
+        d.options ->> 'value'                                                AS value_text,
+        d.options ->> 'ref'                                                  AS ref_text,
+        TRY_CAST(d.options ->> 'tolerance' AS DOUBLE)                        AS tolerance,
+        TRY_CAST(d.options ->> 'at_least' AS DOUBLE)                         AS at_least,
+        TRY_CAST(d.options ->> 'at_most' AS DOUBLE)                          AS at_most,
+        TRY_CAST(d.options ->> 'about' AS DOUBLE)                            AS about
+    FROM study_findings AS d
+    JOIN studies AS s USING (study)
+),
+sc AS (
+    SELECT DISTINCT study, cell_id FROM study_cells
+),
+-- the statistics of the studies' cells, computed once
+cs AS MATERIALIZED (
+    SELECT cell_id, params, env_id, runs, framework, model, dataset, device,
+        train_s_values, test_s_values, accuracy_values, throughput_values
+    FROM cell_stats
+    WHERE cell_id IN (SELECT cell_id FROM study_cells)
+),
+-- per-run values of the metrics cell_stats has no list of, and the hosts' CPU counts
+run_values AS (
+    SELECT cell_id,
+        list(epoch_s) FILTER (WHERE ok AND epoch_s IS NOT NULL)         AS epoch_s_values,
+        list(rss_peak_mb) FILTER (WHERE ok AND rss_peak_mb IS NOT NULL) AS rss_peak_mb_values,
+        list(cpu_total) FILTER (WHERE ok AND cpu_total IS NOT NULL)     AS cpu_total_values,
+        list(device_mb) FILTER (WHERE ok AND device_mb IS NOT NULL)     AS device_memory_peak_mb_values,
+        max(cpu_count)                                                  AS cpu_count
+    FROM (
+        SELECT cell_id, status = 'ok' AS ok,
+            CASE WHEN TRY_CAST(params ->> 'epochs' AS INTEGER) > 0
+                      AND coalesce(TRY_CAST(params ->> 'iterations' AS INTEGER), 0) = 0
+                      AND NOT coalesce(diverged, false)
+                 THEN train_seconds / TRY_CAST(params ->> 'epochs' AS INTEGER) END     AS epoch_s,
+            rss_peak_bytes / 1048576.0                                                  AS rss_peak_mb,
+            cpu_total_avg                                                               AS cpu_total,
+            TRY_CAST(summary ->> 'peak_device_memory_bytes' AS BIGINT) / 1048576.0      AS device_mb,
+            TRY_CAST(host ->> 'cpu_count' AS INTEGER)                                   AS cpu_count
+        FROM runs
+        WHERE cell_id IN (SELECT cell_id FROM study_cells)
+    )
+    GROUP BY cell_id
+),
+cells AS (
+    SELECT f.*, c.cell_id, c.params, c.env_id, v.cpu_count,
+        CASE WHEN regexp_full_match(f.xk, '[a-z][a-z0-9_]*')
+             THEN json_extract_string(c.params, '$."' || f.xk || '"') END AS xv,
+        CASE f.metric
+            WHEN 'train_s' THEN c.train_s_values
+            WHEN 'test_s' THEN c.test_s_values
+            WHEN 'accuracy' THEN c.accuracy_values
+            WHEN 'throughput' THEN c.throughput_values
+            WHEN 'step_s' THEN list_transform(list_filter(c.throughput_values, lambda t: t > 0), lambda t: 1.0 / t)
+            WHEN 'epoch_s' THEN v.epoch_s_values
+            WHEN 'rss_peak_mb' THEN v.rss_peak_mb_values
+            WHEN 'cpu_total' THEN v.cpu_total_values
+            WHEN 'device_memory_peak_mb' THEN v.device_memory_peak_mb_values
+        END AS vals
+    FROM f
+    JOIN sc USING (study)
+    JOIN cs AS c USING (cell_id)
+    LEFT JOIN run_values AS v USING (cell_id)
+    WHERE f.check_kind <> 'largest_share'
+),
+configured AS (
+    SELECT *,
+        CASE WHEN check_kind IN ('proportional', 'sublinear') AND TRY_CAST(xv AS DOUBLE) <= 0 THEN NULL
+             ELSE TRY_CAST(xv AS DOUBLE) END AS xn,
+        list_median(vals) AS med,
+        config_id(params, list_concat([xk], along),
+                  CASE WHEN list_has_any(list_concat([xk], along), ['variant', 'framework'])
+                       THEN NULL ELSE env_id END) AS config
+    FROM cells
+    WHERE xv IS NOT NULL AND coalesce(len(vals), 0) > 0
+),
+pts AS (
+    SELECT *,
+        struct_pack(cell := cell_id, xv := xv, xn := xn, vals := vals, med := med,
+                    label := fmt_x(xk, xv)) AS pt,
+        max(cpu_count) OVER (PARTITION BY study, finding, config) AS cpu
+    FROM configured
+    QUALIFY row_number() OVER (PARTITION BY study, finding, config, xv ORDER BY len(vals) DESC, cell_id) = 1
+),
+grp AS (
+    SELECT study, finding, config,
+        any_value(cpu)                                                         AS cpu,
+        count(*)                                                               AS npts,
+        string_agg(pt.label, ', ' ORDER BY xn NULLS LAST, xv)                  AS have,
+        arg_min(pt, xn) FILTER (WHERE xn IS NOT NULL)                          AS lo,
+        arg_max(pt, xn) FILTER (WHERE xn IS NOT NULL)                          AS hi,
+        arg_max(pt, xn) FILTER (WHERE xn > cpu)                                AS over,
+        arg_max(pt, struct_pack(m := CASE WHEN lib THEN med ELSE -med END, c := cell_id))
+            FILTER (WHERE xn <= cpu)                                           AS under,
+        arg_max(pt, struct_pack(m := CASE WHEN lib THEN med ELSE -med END, c := cell_id)) AS best,
+        arg_min(pt, struct_pack(m := CASE WHEN lib THEN med ELSE -med END, c := cell_id)) AS worst,
+        arg_min(pt, cell_id) FILTER (WHERE xv = value_text
+                                        OR TRY_CAST(xv AS DOUBLE) = TRY_CAST(value_text AS DOUBLE)) AS val,
+        arg_min(pt, cell_id) FILTER (WHERE xv = ref_text
+                                        OR TRY_CAST(xv AS DOUBLE) = TRY_CAST(ref_text AS DOUBLE)) AS ref
+    FROM pts
+    WHERE check_kind NOT IN ('bounded', 'largest_share')
+    GROUP BY study, finding, config
+),
+tested AS (
+    SELECT f.*, g.config, g.cpu, g.npts, g.have, t.a, t.b,
+        CASE WHEN t.a.cell <> t.b.cell THEN compare_samples(t.a.vals, t.b.vals) END AS cmp,
+        t.a.med / nullif(t.b.med, 0)                                              AS ratio,
+        t.a.xn / nullif(t.b.xn, 0)                                                AS xratio,
+        CASE WHEN f.lib THEN 1 ELSE -1 END                                        AS sgn
+    FROM grp AS g
+    JOIN f USING (study, finding)
+    CROSS JOIN LATERAL (SELECT
+        CASE f.check_kind WHEN 'oversubscription' THEN g.over WHEN 'spread' THEN g.worst
+                          WHEN 'option' THEN g.val ELSE g.hi END AS a,
+        CASE f.check_kind WHEN 'oversubscription' THEN g.under WHEN 'spread' THEN g.best
+                          WHEN 'option' THEN g.ref ELSE g.lo END AS b) AS t
+),
+pair_rows AS (
+    SELECT study, finding, config,
+        coalesce(a.cell, b.cell) AS cell_id, CASE WHEN a.cell <> b.cell THEN b.cell END AS ref_cell_id,
+        CASE
+            WHEN cmp IS NULL THEN 'not enough data'
+            WHEN NOT cmp.significant THEN 'not significant'
+            WHEN check_kind = 'proportional' THEN
+                CASE WHEN cmp.direction > 0 AND abs(ratio / xratio - 1) <= tolerance + 1e-9
+                     THEN 'reproduced' ELSE 'contradicted' END
+            WHEN check_kind = 'trend' THEN
+                CASE WHEN cmp.direction = CASE expect WHEN 'increases' THEN 1 ELSE -1 END
+                     THEN 'reproduced' ELSE 'contradicted' END
+            WHEN check_kind = 'oversubscription' THEN
+                CASE WHEN cmp.direction * sgn < 0 THEN 'reproduced' ELSE 'contradicted' END
+            WHEN check_kind = 'spread' THEN
+                CASE WHEN cmp.direction * sgn < 0 AND greatest(ratio, 1 / ratio) >= at_least - 1e-9
+                     THEN 'reproduced' ELSE 'contradicted' END
+            WHEN check_kind = 'sublinear' THEN
+                CASE WHEN cmp.direction * sgn > 0 AND pow(ratio, sgn) / xratio < 1
+                     THEN 'reproduced' ELSE 'contradicted' END
+            WHEN check_kind = 'option' THEN
+                CASE WHEN (expect = 'differs' OR cmp.direction = CASE expect WHEN 'increases' THEN 1 ELSE -1 END)
+                          AND (about IS NULL OR abs(abs(ratio - 1) - about) <= tolerance + 1e-9)
+                     THEN 'reproduced' ELSE 'contradicted' END
+        END AS verdict,
+        CASE WHEN cmp IS NULL THEN
+            CASE check_kind
+                WHEN 'oversubscription' THEN
+                    CASE WHEN cpu IS NULL THEN 'the host''s CPU count is not recorded'
+                         WHEN a IS NULL THEN 'no ' || xk || ' above the host''s ' || cpu || ' CPUs'
+                         ELSE 'no ' || xk || ' at or below the host''s ' || cpu || ' CPUs' END
+                WHEN 'option' THEN
+                    'no cell with ' || fmt_x(xk, CASE WHEN a IS NULL THEN value_text ELSE ref_text END)
+                    || ' has ok runs'
+                WHEN 'spread' THEN 'fewer than two values of ' || xk || ' with ok runs'
+                ELSE 'fewer than two ' || CASE WHEN check_kind = 'trend' THEN '' ELSE 'positive ' END
+                     || 'numbers of ' || xk || ' with ok runs'
+            END || ' (have: ' || have || ')'
+        ELSE
+            a.label || ': ' || fmt_metric(a.med, metric) || ' vs ' || b.label || ': '
+            || fmt_metric(b.med, metric) || ' ('
+            || CASE check_kind
+                WHEN 'proportional' THEN fmt_ratio(ratio) || ' for ' || fmt_ratio(xratio) || ' the ' || xk
+                                         || ': ' || format('{:.2f}', ratio / xratio) || ' of proportional'
+                WHEN 'sublinear' THEN fmt_ratio(pow(ratio, sgn)) || ' speedup for ' || fmt_ratio(xratio)
+                                      || ' the ' || xk || ': efficiency ' || format('{:.2f}', pow(ratio, sgn) / xratio)
+                WHEN 'oversubscription' THEN fmt_ratio(ratio) || '; the host has ' || cpu || ' CPUs'
+                WHEN 'spread' THEN fmt_ratio(greatest(ratio, 1 / ratio)) || ' apart; ' || npts
+                                   || ' values of ' || xk
+                ELSE CASE WHEN metric = 'accuracy' THEN format('{:+.2f} pp', (a.med - b.med) * 100)
+                          ELSE fmt_ratio(ratio) || ', ' || format('{:+.1f} %', (ratio - 1) * 100) END
+               END || ')'
+        END AS observed,
+        CASE WHEN cmp IS NULL THEN NULL
+            WHEN check_kind = 'proportional' THEN ratio / xratio
+            WHEN check_kind = 'sublinear' THEN pow(ratio, sgn) / xratio
+            WHEN check_kind = 'spread' THEN greatest(ratio, 1 / ratio)
+            ELSE ratio
+        END AS effect,
+        cmp.p_value AS p_value,
+        cmp.test AS test,
+        coalesce(cmp.n, len(coalesce(a.vals, b.vals))) AS n,
+        cmp.ref_n AS ref_n
+    FROM tested
+),
+-- bounded: every value of x against the reference value
+bref AS (
+    SELECT study, finding, config,
+        coalesce(arg_min(pt, cell_id) FILTER (WHERE xv = ref_text
+                                                 OR TRY_CAST(xv AS DOUBLE) = TRY_CAST(ref_text AS DOUBLE)),
+                 arg_min(pt, xn) FILTER (WHERE xn IS NOT NULL),
+                 arg_min(pt, xv)) AS b,
+        count(*) AS npts
+    FROM pts
+    WHERE check_kind = 'bounded'
+    GROUP BY study, finding, config
+),
+bdev AS (
+    SELECT p.study, p.finding, p.config, p.metric, p.xk, p.at_most, r.b, r.npts, p.pt AS a,
+        CASE WHEN p.metric = 'accuracy' THEN (p.med - r.b.med) * 100
+             ELSE p.med / nullif(r.b.med, 0) - 1 END AS dev,
+        compare_samples(p.vals, r.b.vals) AS cmp
+    FROM pts AS p
+    JOIN bref AS r USING (study, finding, config)
+    WHERE p.check_kind = 'bounded' AND p.cell_id <> r.b.cell
+),
+bpick AS (
+    SELECT *, coalesce(abs(dev) > at_most + 1e-9, true) AS exceeds
+    FROM bdev
+    QUALIFY row_number() OVER (PARTITION BY study, finding, config
+        ORDER BY coalesce(abs(dev) > at_most + 1e-9, true) AND coalesce(cmp.significant, false) DESC,
+                 coalesce(abs(dev) > at_most + 1e-9, true) DESC, abs(dev) DESC NULLS FIRST, a.cell) = 1
+),
+bounded_rows AS (
+    SELECT r.study, r.finding, r.config,
+        coalesce(p.a.cell, r.b.cell) AS cell_id, CASE WHEN p.a IS NOT NULL THEN r.b.cell END AS ref_cell_id,
+        CASE WHEN p.a IS NULL THEN 'not enough data'
+             WHEN NOT p.exceeds THEN 'reproduced'
+             WHEN p.cmp.significant THEN 'contradicted'
+             ELSE 'not significant' END AS verdict,
+        CASE WHEN p.a IS NULL THEN 'fewer than two values of ' || f.xk || ' with ok runs (have: '
+                                   || r.b.label || ')'
+             ELSE 'largest change: ' || p.a.label || ': ' || fmt_metric(p.a.med, f.metric) || ' vs '
+                  || r.b.label || ': ' || fmt_metric(r.b.med, f.metric) || ' ('
+                  || CASE WHEN f.metric = 'accuracy' THEN format('{:+.2f} pp', p.dev)
+                          ELSE format('{:+.1f} %', p.dev * 100) END
+                  || '); ' || r.npts || ' values of ' || f.xk
+        END AS observed,
+        p.dev AS effect,
+        p.cmp.p_value AS p_value,
+        CASE WHEN p.a IS NOT NULL AND NOT p.exceeds
+             THEN 'medians of ' || (r.npts - 1) || ' other values of ' || f.xk || ' against '
+                  || r.b.label || ', all within the bound (no test needed)'
+             ELSE p.cmp.test END AS test,
+        coalesce(p.cmp.n, len(r.b.vals)) AS n,
+        p.cmp.ref_n AS ref_n
+    FROM bref AS r
+    JOIN f USING (study, finding)
+    LEFT JOIN bpick AS p USING (study, finding, config)
+),
+-- largest_share: per ok run with a layer profile, each kind's summed forward + backward time
+layer_runs AS (
+    SELECT cell_id, run_id, sum(t) AS total, max(t) AS top, arg_max(kind, t) AS top_kind,
+        list(struct_pack(kind := kind, t := t)) AS kinds
+    FROM (
+        SELECT r.cell_id, l.run_id, l.kind,
+            sum(coalesce(l.forward_seconds, 0) + coalesce(l.backward_seconds, 0)) AS t
+        FROM layers AS l
+        JOIN runs AS r USING (run_id)
+        WHERE r.status = 'ok' AND r.cell_id IN (SELECT cell_id FROM study_cells)
+        GROUP BY r.cell_id, l.run_id, l.kind
+    )
+    GROUP BY cell_id, run_id
+),
+shares AS (
+    SELECT f.study, f.finding, f.kind, lr.cell_id, lr.total, lr.top, lr.top_kind,
+        coalesce(list_sum(list_transform(list_filter(lr.kinds, lambda k: k.kind = f.kind),
+                                         lambda k: k.t)), 0) AS kt
+    FROM f
+    JOIN sc USING (study)
+    JOIN layer_runs AS lr USING (cell_id)
+    WHERE f.check_kind = 'largest_share'
+),
+share_cells AS (
+    SELECT study, finding, cell_id, any_value(kind) AS kind,
+        count(*)                                                  AS nruns,
+        count(*) FILTER (WHERE kt > 0 AND kt >= top)              AS nlargest,
+        median(kt / nullif(total, 0))                             AS share,
+        mode(top_kind) FILTER (WHERE NOT (kt > 0 AND kt >= top))  AS rival
+    FROM shares
+    GROUP BY study, finding, cell_id
+    HAVING max(kt) > 0
+),
+share_rows AS (
+    SELECT s.study, s.finding, config_id(c.params, []::VARCHAR[], c.env_id) AS config,
+        s.cell_id, NULL::VARCHAR AS ref_cell_id,
+        CASE WHEN s.nruns < 3 THEN 'not enough data'
+             WHEN s.nlargest = s.nruns THEN 'reproduced'
+             WHEN s.nlargest = 0 THEN 'contradicted'
+             ELSE 'not significant' END AS verdict,
+        s.kind || ' layers: ' || format('{:.0f} %', s.share * 100) || ' of layer time (median of '
+            || s.nruns || ' runs), the largest kind in ' || s.nlargest || ' of ' || s.nruns || ' runs'
+            || coalesce('; ' || s.rival || ' in the others', '')
+            || CASE WHEN s.nruns < 3 THEN '; 3 runs needed' ELSE '' END AS observed,
+        s.share AS effect,
+        NULL::DOUBLE AS p_value,
+        'the largest kind in every run (at least 3)' AS test,
+        s.nruns AS n,
+        NULL::BIGINT AS ref_n
+    FROM share_cells AS s
+    JOIN cs AS c USING (cell_id)
+),
+verdicts AS (
+    SELECT study, finding, config, cell_id, ref_cell_id, verdict, observed, effect, p_value, test,
+           n, ref_n FROM pair_rows
+    UNION ALL
+    SELECT study, finding, config, cell_id, ref_cell_id, verdict, observed, effect, p_value, test,
+           n, ref_n FROM bounded_rows
+    UNION ALL
+    SELECT study, finding, config, cell_id, ref_cell_id, verdict, observed, effect, p_value, test,
+           n, ref_n FROM share_rows
+),
+ok_cells AS (
+    SELECT sc.study, count(*) AS cells
+    FROM sc JOIN cs AS c USING (cell_id)
+    WHERE c.runs > 0
+    GROUP BY sc.study
+),
+fallback AS (
+    SELECT f.study, f.finding, NULL::VARCHAR AS config, NULL::VARCHAR AS cell_id,
+        NULL::VARCHAR AS ref_cell_id, 'not enough data' AS verdict,
+        CASE WHEN o.cells IS NULL THEN 'no ok runs of this study''s cells yet'
+             WHEN f.check_kind = 'largest_share'
+                 THEN 'no ok run of this study''s cells has a layer profile with ' || f.kind || ' layers'
+             ELSE 'no cell of this study with ok runs has values of ' || f.metric || ' and of ' || f.xk
+        END AS observed,
+        NULL::DOUBLE AS effect, NULL::DOUBLE AS p_value, NULL::VARCHAR AS test,
+        NULL::BIGINT AS n, NULL::BIGINT AS ref_n
+    FROM f
+    LEFT JOIN ok_cells AS o USING (study)
+    WHERE NOT EXISTS (SELECT 1 FROM verdicts AS v WHERE v.study = f.study AND v.finding = f.finding)
+),
+all_rows AS (
+    SELECT * FROM verdicts
+    UNION ALL BY NAME
+    SELECT * FROM fallback
+)
+SELECT
+    f.study, f.title, f.finding, f.claim, f.cite, f.check_kind,
+    r.config, c.framework, c.model, c.dataset, c.device,
+    f.xk AS x,
+    r.verdict, r.observed, r.effect,
+    CASE f.check_kind
+        WHEN 'proportional' THEN f.metric || ' grows in proportion to ' || f.xk || ': (' || f.metric
+            || ' ratio) / (' || f.xk || ' ratio) within 1 ± ' || fmt_num(f.tolerance)
+            || ', the largest ' || f.xk || ' against the smallest'
+        WHEN 'trend' THEN f.metric || ' ' || f.expect || ' with ' || f.xk
+            || ' (the largest ' || f.xk || ' against the smallest)'
+        WHEN 'oversubscription' THEN f.metric || ' at the most ' || f.xk
+            || ' above the host''s CPU count is worse than the best at or below it'
+        WHEN 'spread' THEN 'the best and the worst ' || f.xk || ' differ in ' || f.metric
+            || ' by at least ' || fmt_ratio(f.at_least)
+        WHEN 'bounded' THEN f.metric || ' of every ' || f.xk || ' within '
+            || CASE WHEN f.metric = 'accuracy' THEN fmt_num(f.at_most) || ' pp'
+                    ELSE fmt_num(f.at_most * 100) || ' %' END
+            || ' of ' || coalesce(fmt_x(f.xk, f.ref_text) || ' (else ', '(')
+            || 'the smallest ' || f.xk || ')'
+        WHEN 'option' THEN fmt_x(f.xk, f.value_text) || ' against ' || fmt_x(f.xk, f.ref_text) || ': '
+            || f.metric || ' ' || f.expect
+            || coalesce(' by about ' || fmt_num(f.about * 100) || ' % (± '
+                        || fmt_num(f.tolerance * 100) || ' %)', '')
+        WHEN 'largest_share' THEN f.kind
+            || ' layers take the largest share of layer time in every ok run (at least 3 runs)'
+        WHEN 'sublinear' THEN 'more ' || f.xk || ' improve ' || f.metric || ', by less than the ratio of '
+            || f.xk || ' (efficiency < 1)'
+    END AS expected,
+    r.p_value, r.test, r.n, r.ref_n, r.cell_id, r.ref_cell_id, f.position
+FROM f
+JOIN all_rows AS r USING (study, finding)
+LEFT JOIN cs AS c ON c.cell_id = coalesce(r.cell_id, r.ref_cell_id)
+ORDER BY f.study, f.position, r.config NULLS LAST, r.cell_id
