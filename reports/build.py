@@ -83,6 +83,7 @@ def read_report_data(
         studies=reads.read_studies(con, sweep, levels),
         cell_levels=levels,
         images=reads.read_images(con, sweep),
+        catalogue=reads.read_catalogue(con),
     )
 
 
@@ -105,6 +106,9 @@ def mask_report(report: ReportData) -> ReportData:
         epoch_curve=mask_frame(report.epoch_curve), provenance=mask_frame(report.provenance),
         studies={name: mask_frame(frame) for name, frame in report.studies.items()},
         images=mask_frame(report.images), cell_levels=mask_frame(report.cell_levels),
+        catalogue=replace(report.catalogue, **{
+            name: mask_frame(getattr(report.catalogue, name))
+            for name in ("studies", "findings_declared", "cells", "findings")}),
     )
 
 

@@ -9,6 +9,14 @@ by sweep.  For a one-sweep report they are cut down without breaking a compariso
 configuration view keeps every row of each configuration that has a cell in the sweep (so
 the reference cell stays, even when another sweep ran it), a group view (``default_cells``,
 ``best_vs_default``, ``pareto_front``) every group that has one, a cell view the sweep's cells.
+``cut_to_cells`` narrows them to one study's cells (and the references they are compared
+with) for its page.
+
+The study catalogue (docs/WAREHOUSE.md, "Studies and findings") is read in the same
+session: the ``studies`` table, the findings each declares (``study_findings``), the cells
+registered for it (``study_cells``) and the ``findings`` view's verdicts.  A warehouse
+without those tables or that view gives empty frames, so it still builds a report (without
+study pages).
 """
 
 from __future__ import annotations
@@ -69,12 +77,37 @@ STUDY_VIEWS: dict[str, StudyView] = {
 # Per cell, what the sweep views leave out but the report shows: how many values each
 # statistic is over and the true coverage of its interval (below 6 runs it is [min, max]),
 # plus the columns that place a cell in a group and the sweeps that ran it.
+# The medians and parameters come along for the study pages' tables shaped like a paper's.
 _CELL_LEVELS = """
     SELECT cell_id, sweeps, framework, model, dataset, device, mode, runs,
            train_s_n, train_s_ci_level, accuracy_n, accuracy_ci_level,
-           throughput_n, throughput_ci_level, throughput_cv, throughput_noisy
+           throughput_n, throughput_ci_level, throughput_cv, throughput_noisy,
+           CAST(params AS VARCHAR) AS params, workers, global_batch,
+           train_s_median, test_s_median, accuracy_median, throughput_median, epoch_s_median,
+           cpu_total_median, rss_peak_mb, device_memory_peak_mb
     FROM cell_stats
 """
+
+# The study catalogue's tables and view, read when the warehouse has them.
+_STUDY_TABLES = {
+    "studies": "SELECT * FROM studies ORDER BY study",
+    "study_findings": "SELECT * FROM study_findings ORDER BY study, position, finding",
+    "study_cells": "SELECT * FROM study_cells ORDER BY study, profile, cell_id",
+}
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """The study catalogue as the warehouse holds it (empty frames when it has none)."""
+
+    studies: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """The ``studies`` table: one row per study declared (``paper`` is JSON text)."""
+    findings_declared: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """The ``study_findings`` table: each study's findings, as declared."""
+    cells: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """The ``study_cells`` table: (study, profile, cell_id) of every registered cell."""
+    findings: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """The ``findings`` view: one verdict per (study, finding, configuration)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +131,8 @@ class ReportData:
     """Per cell: n and interval coverage of each statistic (from cell_stats)."""
     images: pl.DataFrame = field(default_factory=pl.DataFrame)
     """Every image ``matrun build`` recorded, with how many of the report's runs used it."""
+    catalogue: Catalogue = field(default_factory=lambda: Catalogue())
+    """The studies registered in the warehouse, their findings and verdicts."""
 
     def study(self, name: str) -> pl.DataFrame:
         """The rows of one study view (an empty frame when it was not read)."""
@@ -199,6 +234,33 @@ def read_study(con: duckdb.DuckDBPyConnection, view: str, sweep: str | None,
                       maintain_order="left")
 
 
+def cut_to_cells(view: str, frame: pl.DataFrame, cell_ids: Sequence[str]) -> pl.DataFrame:
+    """The rows of a study view about ``cell_ids`` (a study's cells), plus the rows of the
+    reference cells they are compared with, in the view's order.  Pure (no database).
+
+    A row is about a cell when its ``cell_id`` is one of them (``best_vs_default``: its best
+    or default cell is); a reference row is the row of a kept row's ``ref_cell_id`` in the
+    same configuration, so a speedup on the page still has its reference beside it.
+    """
+    if frame.is_empty():
+        return frame
+    ids = list(cell_ids)
+    if "cell_id" not in frame.columns:
+        columns = [c for c in ("best_cell_id", "default_cell_id") if c in frame.columns]
+        if not columns:
+            return frame.clear()
+        return frame.filter(pl.any_horizontal([pl.col(c).is_in(ids) for c in columns]))
+    mine = frame.with_row_index("_row").filter(pl.col("cell_id").is_in(ids))
+    rows = set(mine.get_column("_row").to_list())
+    if "ref_cell_id" in frame.columns:
+        keys = [k for k in STUDY_VIEWS[view].keys if k in frame.columns] if view in STUDY_VIEWS else []
+        refs = mine.select([*keys, "ref_cell_id"]).unique().rename({"ref_cell_id": "cell_id"})
+        ref_rows = frame.with_row_index("_row").join(refs, on=[*keys, "cell_id"], how="semi",
+                                                     nulls_equal=True)
+        rows |= set(ref_rows.get_column("_row").to_list())
+    return frame.with_row_index("_row").filter(pl.col("_row").is_in(sorted(rows))).drop("_row")
+
+
 def read_studies(con: duckdb.DuckDBPyConnection, sweep: str | None,
                  levels: pl.DataFrame | None = None) -> dict[str, pl.DataFrame]:
     """Every study view, by name."""
@@ -210,6 +272,31 @@ def read_studies(con: duckdb.DuckDBPyConnection, sweep: str | None,
 def read_cell_levels(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """Per cell: the n of each statistic and its interval's coverage (cell_stats)."""
     return _frame(con, _CELL_LEVELS + " ORDER BY cell_id")
+
+
+def _relations(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The names of the tables and views of the warehouse's main schema."""
+    rows = con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "
+        "UNION ALL SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' AND NOT internal"
+    ).fetchall()
+    return {row[0] for row in rows}
+
+
+def read_catalogue(con: duckdb.DuckDBPyConnection) -> Catalogue:
+    """The studies, their declared findings, their registered cells and the findings view.
+
+    A warehouse without the catalogue's tables (or view) gives empty frames; the findings
+    view (it binds the statistics views) is read only when some study has a cell.
+    """
+    present = _relations(con)
+    frames = {name: _frame(con, sql) if name in present else pl.DataFrame()
+              for name, sql in _STUDY_TABLES.items()}
+    findings = pl.DataFrame()
+    if not frames["study_cells"].is_empty() and "findings" in present:
+        findings = _frame(con, "SELECT * FROM findings")
+    return Catalogue(studies=frames["studies"], findings_declared=frames["study_findings"],
+                     cells=frames["study_cells"], findings=findings)
 
 
 def read_images(con: duckdb.DuckDBPyConnection, sweep: str | None) -> pl.DataFrame:

@@ -1,15 +1,18 @@
 """The pages of the report site: which pages exist, what each shows, and its CSV files.
 
 ``render_site`` turns a ``ReportData`` into ``{relative path: text}``: ``index.html``, one
-page per section whose view has rows (``PAGES``), and a CSV file of every table's rows next
-to the pages.  Pure: no database, no files; ``build`` writes the result.
+page per section whose view has rows (``PAGES``), one page per study present
+(``study-<id>.html``: its verdicts, the paper's table beside this host's, and the study's
+view cut to its cells, drawn by the same builders as the section pages), and a CSV file of
+every table's rows next to the pages.  Pure: no database, no files; ``build`` writes the
+result.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Callable, Mapping
 
@@ -17,8 +20,9 @@ import polars as pl
 
 from matrun.reports import figures, sections
 from matrun.reports import study_figures as sf
+from matrun.reports import study_pages as sp
 from matrun.reports import study_sections as ss
-from matrun.reports.data import ReportData
+from matrun.reports.data import ReportData, cut_to_cells
 from matrun.reports.pages import Html, csv_text, figure, join, render_page, tag
 from matrun.reports.sections import section
 from matrun.reports.shape import (
@@ -434,6 +438,114 @@ BUILDERS: dict[str, Callable[[Context], PageBody | None]] = {
 }
 
 
+# --- study pages ------------------------------------------------------------------------------
+
+STUDY_FINDINGS_CSV = "findings.csv"
+# The page of a study's view: the section page whose builder draws it, cut to its cells.
+VIEW_PAGES: dict[str, str] = {
+    "baseline": "baseline.html", "default_cells": "baseline.html", "best_vs_default": "baseline.html",
+    "library_comparison": "libraries.html", "thread_sweep": "threads.html", "epoch_sweep": "epochs.html",
+    "batch_sweep": "batch.html", "batch_resources": "batch.html", "batch_lr_grid": "batch-lr.html",
+    "worker_scaling": "scaling.html", "epoch_convergence": "convergence.html",
+    "layer_breakdown": "layers.html", "layer_kinds": "layers.html", "option_effect": "options.html",
+    "pareto_front": "pareto.html",
+}
+
+
+def _cells_only(frame: pl.DataFrame, cells: list[str]) -> pl.DataFrame:
+    if frame.is_empty() or "cell_id" not in frame.columns:
+        return frame
+    return frame.filter(pl.col("cell_id").is_in(cells))
+
+
+def study_context(ctx: Context, info: sp.StudyInfo) -> Context:
+    """The report narrowed to one study's cells, its CSV files named after the study: the
+    section builders then draw the study's part of their view (its cells' rows and the rows
+    of the reference cells they are compared with)."""
+    report, cells = ctx.report, list(info.cells)
+    narrowed = replace(
+        report, runs=_cells_only(report.runs, cells), baseline=_cells_only(report.baseline, cells),
+        epoch_curve=_cells_only(report.epoch_curve, cells),
+        provenance=_cells_only(report.provenance, cells),
+        studies={name: cut_to_cells(name, frame, cells) for name, frame in report.studies.items()})
+    labels = cell_labels(narrowed.runs)
+    base = _with_labels(narrowed.baseline, labels)
+    colors = figures.cell_colors(
+        [*base.get_column("label").to_list(), *labels.get_column("label").to_list()])
+    return Context(report=narrowed, labels=labels, colors=colors, levels=ctx.levels,
+                   csv_prefix=info.csv(""))
+
+
+def _host_text(provenance: pl.DataFrame) -> str:
+    """This host in a few words: CPU model and count (and how many setups, if several)."""
+    if provenance.is_empty():
+        return ""
+    hosts = hosts_summary(provenance).to_dicts()
+    first = hosts[0]
+    count = "?" if first.get("cpu_count") is None else first["cpu_count"]
+    text = f"{first.get('cpu_model') or 'an unknown CPU'}, {count} CPUs"
+    return text + (f" (and {len(hosts) - 1} other host setup(s))" if len(hosts) > 1 else "")
+
+
+def _present_findings(ctx: Context, studies: list[sp.StudyInfo]) -> pl.DataFrame:
+    frames = [sp.study_findings(ctx.report.catalogue.findings, info.id) for info in studies]
+    frames = [f for f in frames if not f.is_empty()]
+    return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+
+
+def _catalogue_page(ctx: Context, info: sp.StudyInfo) -> PageBody:
+    """A study's page: its verdicts, the paper's table beside this host's, its view's tables."""
+    catalogue = ctx.report.catalogue
+    sub = study_context(ctx, info)
+    csv: dict[str, str] = {}
+    anchors = [("verdicts", "Verdicts")]
+    findings = sp.study_findings(catalogue.findings, info.id)
+    if not findings.is_empty():
+        verdicts: Any = sp.verdict_table(findings, ctx.levels, csv_href=info.csv("findings.csv"))
+        csv[info.csv("findings.csv")] = sp.findings_csv(findings)
+    else:
+        declared = sp.declared_findings(catalogue.findings_declared, info.id)
+        verdicts = sp.declared_table(declared) if not declared.is_empty() else \
+            tag("p", "This study declares no finding.", class_="note")
+    parts: list[Any] = [section("verdicts", f"Study {info.id}: {info.title}", sp.study_lead(info),
+                                verdicts)]
+    paper = info.paper
+    if paper is not None:
+        prows = sp.paper_rows(paper)
+        hrows = sp.host_rows(sp.cells_of(ctx.report.cell_levels, info.cells), paper,
+                             x=paper.x, metric=paper.metric)
+        content: list[Any] = [sp.hardware_banner(paper, _host_text(sub.report.provenance))]
+        shapes = sp.shapes_table(paper, prows, hrows, csv_href=info.csv("shapes.csv"))
+        if shapes is not None:
+            content.append(shapes)
+            csv[info.csv("shapes.csv")] = sp.shapes_csv(paper, prows, hrows)
+        fig = sp.ratio_figure(paper, prows, hrows)
+        if fig is not None:
+            content.append(figure(fig, "fig-paper-ratios"))
+        content += [sp.paper_table(paper, prows, csv_href=info.csv("paper.csv")),
+                    sp.host_table(paper, hrows, csv_href=info.csv("host.csv"))]
+        csv[info.csv("paper.csv")] = sp.paper_csv(paper, prows)
+        csv[info.csv("host.csv")] = sp.host_csv(paper, hrows)
+        parts.append(section(
+            "paper", f"The paper's {paper.source or 'table'} beside this host",
+            "The paper's numbers as transcribed from the seed and this host's medians for the same "
+            "rows, matched on the paper's x, each divided by the first row of its series: first "
+            "side by side and drawn, then each table whole.",
+            *content))
+        anchors.append(("paper", "Paper vs this host"))
+    page = VIEW_PAGES.get(info.view or "", "baseline.html")
+    host = BUILDERS[page](sub) or (BUILDERS["baseline.html"](sub) if page != "baseline.html" else None)
+    if host is not None:
+        parts.append(tag("div", host.body, id="host"))
+        csv.update(host.csv)
+        anchors.append(("host", "This host's data"))
+    else:
+        parts.append(section("host", "This host's data", "",
+                             tag("p", "No cell of this study has a successful run yet; see Runs.",
+                                 class_="banner warn")))
+    return PageBody(join(parts, "\n"), anchors, csv, findings.height)
+
+
 # --- the site --------------------------------------------------------------------------------
 
 
@@ -456,7 +568,11 @@ def render_site(report: ReportData, *, sweep: str | None = None, source: str = "
     ctx = Context(report=report, labels=labels, colors=colors, levels=levels)
     built = [(spec, BUILDERS[spec.file](ctx)) for spec in PAGES]
     present = [(spec, body) for spec, body in built if body is not None]
-    site_nav = [(INDEX, "Overview"), *[(spec.file, spec.nav) for spec, _ in present]]
+    studies = sp.present_studies(report.catalogue.studies, report.catalogue.cells,
+                                 runs.get_column("cell_id").to_list())
+    study_pages = [(info, _catalogue_page(ctx, info)) for info in studies]
+    site_nav = [(INDEX, "Overview"), *[(info.file, info.id) for info in studies],
+                *[(spec.file, spec.nav) for spec, _ in present]]
     scope = f"sweep {sweep}" if sweep else (
         f"sweep {report.sweeps[0]}" if len(report.sweeps) == 1
         else f"{len(report.sweeps)} sweeps: {', '.join(report.sweeps)}")
@@ -468,16 +584,34 @@ def render_site(report: ReportData, *, sweep: str | None = None, source: str = "
             title=f"{spec.title} — {title}", subtitle=subtitle, nav=body.anchors, body=body.body,
             generated=generated, site_nav=site_nav, current=spec.file)
         files.update(body.csv)
-    index_body = _index_body(ctx, present, labels)
+    for info, body in study_pages:
+        files[info.file] = render_page(
+            title=f"Study {info.id}: {info.title} — {title}", subtitle=subtitle, nav=body.anchors,
+            body=body.body, generated=generated, site_nav=site_nav, current=info.file)
+        files.update(body.csv)
+    index_body = _index_body(ctx, present, labels, studies)
+    if studies:
+        files[STUDY_FINDINGS_CSV] = sp.findings_csv(_present_findings(ctx, studies))
     files[INDEX] = render_page(title=title, subtitle=subtitle, nav=[], body=index_body,
                                generated=generated, site_nav=site_nav, current=INDEX)
     return files
 
 
-def _index_body(ctx: Context, present: list[tuple[PageSpec, PageBody]], labels: pl.DataFrame) -> Html:
+def _index_body(ctx: Context, present: list[tuple[PageSpec, PageBody]], labels: pl.DataFrame,
+                studies: list[sp.StudyInfo]) -> Html:
     report = ctx.report
     runs = report.runs
-    parts: list[Any] = [sections.summary_cards(runs, report.baseline)]
+    parts: list[Any] = []
+    if studies:
+        parts.append(section(
+            "studies", "The studies: does the paper's finding hold on this host?",
+            "Every finding of every study with runs in this report, as the warehouse's findings "
+            "view judges it here: 'reproduced' (green) and 'contradicted' (red) only when the "
+            "Mann–Whitney test finds the difference significant (p < 0.05). Each study's page "
+            "has the numbers, the paper's own table beside this host's, and its figures.",
+            sp.index_verdict_table(studies, report.catalogue.findings, ctx.levels,
+                                   csv_href=STUDY_FINDINGS_CSV)))
+    parts.append(sections.summary_cards(runs, report.baseline))
     hosts = hosts_summary(report.provenance) if not report.provenance.is_empty() else None
     if hosts is not None and hosts.height > 1:
         parts.append(tag("p", f"⚠ These runs come from {hosts.height} different host setups: "

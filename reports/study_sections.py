@@ -131,7 +131,8 @@ def more_note(shown: int, total: int, what: str) -> Html | str:
 # --- A1: default cells and best settings ---------------------------------------------------
 
 
-def defaults_table(frame: pl.DataFrame, levels: Mapping[str, Mapping[str, Any]]) -> Html:
+def defaults_table(frame: pl.DataFrame, levels: Mapping[str, Mapping[str, Any]], *,
+                   csv_href: str = "default_cells.csv") -> Html:
     columns = [
         Column("framework", lambda r: r["framework"]), Column("model", lambda r: r["model"]),
         Column("dataset", lambda r: r["dataset"]), Column("device", lambda r: r["device"]),
@@ -149,11 +150,12 @@ def defaults_table(frame: pl.DataFrame, levels: Mapping[str, Mapping[str, Any]])
         Column("images/s", lambda r: ci_cell(r, "throughput", levels, digits=1)),
     ]
     return table_block("Each framework at its default settings (A1, Tables VI–VII)",
-                       "defaults-table", frame, columns, "default_cells.csv",
+                       "defaults-table", frame, columns, csv_href,
                        row_class=lambda r: None if r["cell_id"] else "muted")
 
 
-def best_table(frame: pl.DataFrame) -> Html:
+def best_table(frame: pl.DataFrame, *,
+               csv_href: str = "best_vs_default.csv") -> Html:
     columns = [
         Column("framework", lambda r: r["framework"]), Column("model", lambda r: r["model"]),
         Column("dataset", lambda r: r["dataset"]), Column("device", lambda r: r["device"]),
@@ -178,7 +180,7 @@ def best_table(frame: pl.DataFrame) -> Html:
             r["accuracy_p_value"])),
     ]
     return table_block("Best settings against the defaults", "best-table", frame, columns,
-                       "best_vs_default.csv",
+                       csv_href,
                        note="The best cell is the fastest (median images/s) whose median accuracy "
                             "is at most 0.5 points below the default's. It counts as faster only "
                             "when the Mann–Whitney test says so (p < 0.05); with few runs it "
@@ -189,7 +191,8 @@ def best_table(frame: pl.DataFrame) -> Html:
 
 
 def library_table(frame: pl.DataFrame, labels: Mapping[Any, str],
-                  levels: Mapping[str, Mapping[str, Any]]) -> Html:
+                  levels: Mapping[str, Mapping[str, Any]], *,
+                  csv_href: str = "library_comparison.csv") -> Html:
     columns = [
         Column("configuration", _label(labels, "config")),
         Column("variant", lambda r: r["variant"]), Column("BLAS", lambda r: r["blas"]),
@@ -209,7 +212,7 @@ def library_table(frame: pl.DataFrame, labels: Mapping[Any, str],
         Column("verdict", _verdict()),
     ]
     return table_block("Libraries per configuration (A4–A5, Tables IX–XI)", "libraries-table",
-                       frame, columns, "library_comparison.csv", row_class=_reference_row,
+                       frame, columns, csv_href, row_class=_reference_row,
                        note="Compared with the framework's default library in the same "
                             "configuration (variant cpu with oneDNN on): speedup = its train s ÷ "
                             "this train s; the verdict tests the runs' throughput.")
@@ -219,7 +222,8 @@ def library_table(frame: pl.DataFrame, labels: Mapping[Any, str],
 
 
 def thread_table(frame: pl.DataFrame, labels: Mapping[Any, str],
-                 levels: Mapping[str, Mapping[str, Any]]) -> Html:
+                 levels: Mapping[str, Mapping[str, Any]], *,
+                 csv_href: str = "thread_sweep.csv") -> Html:
     columns = [
         Column("configuration", _label(labels, "config")),
         Column("threads", lambda r: join([str(r["threads"]), " ", flag("fastest", "ok")])
@@ -237,7 +241,7 @@ def thread_table(frame: pl.DataFrame, labels: Mapping[Any, str],
         Column("verdict", _verdict()),
     ]
     return table_block("Thread settings (A6, Table XII)", "threads-table", frame, columns,
-                       "thread_sweep.csv", row_class=_reference_row,
+                       csv_href, row_class=_reference_row,
                        note="Compared with the fewest threads given as a number. 'fastest' is the "
                             "highest median throughput of the configuration, tested or not.")
 
@@ -246,7 +250,8 @@ def thread_table(frame: pl.DataFrame, labels: Mapping[Any, str],
 
 
 def epoch_table(frame: pl.DataFrame, labels: Mapping[Any, str],
-                levels: Mapping[str, Mapping[str, Any]]) -> Html:
+                levels: Mapping[str, Mapping[str, Any]], *,
+                csv_href: str = "epoch_sweep.csv") -> Html:
     columns = [
         Column("configuration", _label(labels, "config")),
         Column("length", lambda r: f"{r['length']} {r['unit']}"),
@@ -264,7 +269,7 @@ def epoch_table(frame: pl.DataFrame, labels: Mapping[Any, str],
         Column("accuracy verdict", _verdict("accuracy_")),
     ]
     return table_block("Training length (A7, Tables XIII–XIV)", "epochs-table", frame, columns,
-                       "epoch_sweep.csv", row_class=_reference_row,
+                       csv_href, row_class=_reference_row,
                        note="Time linearity 1.00 means the training time grew exactly in "
                             "proportion to the length, from the shortest length (the reference).")
 
@@ -273,7 +278,8 @@ def epoch_table(frame: pl.DataFrame, labels: Mapping[Any, str],
 
 
 def batch_table(frame: pl.DataFrame, labels: Mapping[Any, str],
-                levels: Mapping[str, Mapping[str, Any]]) -> Html:
+                levels: Mapping[str, Mapping[str, Any]], *,
+                csv_href: str = "batch_sweep.csv") -> Html:
     columns = [
         Column("configuration", _label(labels, "config")),
         Column("mode", lambda r: r["mode"]),
@@ -290,7 +296,7 @@ def batch_table(frame: pl.DataFrame, labels: Mapping[Any, str],
             r["accuracy_verdict"], r["accuracy_significant"], r["accuracy_p_value"])),
     ]
     return table_block("Batch size: speed, time and accuracy (A8, Tables XV–XVIII; B2–B3)",
-                       "batch-table", frame, columns, "batch_sweep.csv",
+                       "batch-table", frame, columns, csv_href,
                        row_class=lambda r: "oom" if not r["runs"] else _reference_row(r),
                        note="Compared with the smallest batch size; speedup here is the "
                             "throughput ratio.")
@@ -302,7 +308,8 @@ def _not_ok(r: Mapping[str, Any]) -> str | None:
     return ", ".join(parts) or None
 
 
-def batch_resources_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
+def batch_resources_table(frame: pl.DataFrame, labels: Mapping[Any, str], *,
+                          csv_href: str = "batch_resources.csv") -> Html:
     columns = [
         Column("configuration", _label(labels, "config")),
         Column("mode", lambda r: r["mode"]),
@@ -317,7 +324,7 @@ def batch_resources_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Htm
         Column("images/s", lambda r: num(fmt(r["throughput_median"]))),
     ]
     return table_block("Resources against the batch size (A11, Table XXII; B1)", "batch-resources-table",
-                       frame, columns, "batch_resources.csv",
+                       frame, columns, csv_href,
                        row_class=lambda r: "oom" if r["oom_runs"] and not r["runs"] else None,
                        note="Memory is MiB (2^20 bytes); iowait rising with the batch is the "
                             "sign of swapping.")
@@ -327,7 +334,8 @@ def batch_resources_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Htm
 
 
 def lr_grid_table(frame: pl.DataFrame, labels: Mapping[Any, str],
-                  levels: Mapping[str, Mapping[str, Any]]) -> Html:
+                  levels: Mapping[str, Mapping[str, Any]], *,
+                  csv_href: str = "batch_lr_grid.csv") -> Html:
     columns = [
         Column("configuration", _label(labels, "config")),
         Column("batch", lambda r: num(fmt(r["batch_size"]))),
@@ -344,7 +352,7 @@ def lr_grid_table(frame: pl.DataFrame, labels: Mapping[Any, str],
         Column("images/s", lambda r: num(fmt(r["throughput_median"]))),
     ]
     return table_block("Batch size × length × learning rate (A9–A10, Tables XIX–XXI)", "lr-grid-table",
-                       frame, columns, "batch_lr_grid.csv",
+                       frame, columns, csv_href,
                        row_class=lambda r: "failed" if r["diverged"] else None,
                        note="'best' is the highest median accuracy of the configuration among "
                             "cells without divergence (medians only, not a test).")
@@ -354,7 +362,8 @@ def lr_grid_table(frame: pl.DataFrame, labels: Mapping[Any, str],
 
 
 def scaling_table(frame: pl.DataFrame, labels: Mapping[Any, str],
-                  levels: Mapping[str, Mapping[str, Any]]) -> Html:
+                  levels: Mapping[str, Mapping[str, Any]], *,
+                  csv_href: str = "worker_scaling.csv") -> Html:
     columns = [
         Column("configuration", _label(labels, "config")),
         Column("workers", lambda r: num(fmt(r["workers"]))),
@@ -372,7 +381,7 @@ def scaling_table(frame: pl.DataFrame, labels: Mapping[Any, str],
         Column("verdict", _verdict()),
     ]
     return table_block("Scaling (A3, Table VIII; B4–B6; E Fig 10)", "scaling-table", frame, columns,
-                       "worker_scaling.csv", row_class=_reference_row,
+                       csv_href, row_class=_reference_row,
                        note="Speedup = throughput ÷ the 1-worker cell's (same per-worker batch: "
                             "weak scaling; same global batch: strong; the kind the cell declares); "
                             "efficiency = speedup ÷ workers, 100 % is linear; exchange = the "
@@ -382,7 +391,8 @@ def scaling_table(frame: pl.DataFrame, labels: Mapping[Any, str],
 # --- convergence -----------------------------------------------------------------------------
 
 
-def convergence_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
+def convergence_table(frame: pl.DataFrame, labels: Mapping[Any, str], *,
+                      csv_href: str = "epoch_convergence.csv") -> Html:
     columns = [
         Column("cell", _label(labels, "cell_id")),
         Column("epoch", lambda r: num(fmt(r["epoch"] + 1))),
@@ -401,13 +411,14 @@ def convergence_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
         Column("elapsed s", lambda r: num(fmt(r["elapsed_s"], 1))),
     ]
     return table_block("Per cell and epoch (B7)", "convergence-table", frame, columns,
-                       "epoch_convergence.csv")
+                       csv_href)
 
 
 # --- layers ---------------------------------------------------------------------------------
 
 
-def layer_kinds_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
+def layer_kinds_table(frame: pl.DataFrame, labels: Mapping[Any, str], *,
+                      csv_href: str = "layer_kinds.csv") -> Html:
     columns = [
         Column("cell", lambda r: labels.get(r["cell_id"], r["cell_id"])),
         Column("kind", lambda r: r["kind"]), Column("layers", lambda r: num(fmt(r["layers"]))),
@@ -419,10 +430,11 @@ def layer_kinds_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
         Column("FLOPs / sample", lambda r: num(fmt(r["flops"]))),
     ]
     return table_block("Time by kind of layer (D Figs 6–7; E Fig 7)", "layer-kinds-table", frame,
-                       columns, "layer_kinds.csv")
+                       columns, csv_href)
 
 
-def layer_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
+def layer_table(frame: pl.DataFrame, labels: Mapping[Any, str], *,
+                csv_href: str = "layer_breakdown.csv") -> Html:
     columns = [
         Column("cell", lambda r: labels.get(r["cell_id"], r["cell_id"])),
         Column("#", lambda r: num(fmt(r["layer_index"]))), Column("layer", lambda r: r["name"]),
@@ -433,7 +445,7 @@ def layer_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
         Column("params", lambda r: num(fmt(r["params"]))),
         Column("FLOPs / sample", lambda r: num(fmt(r["flops"]))),
     ]
-    return table_block("Every layer", "layers-table", frame, columns, "layer_breakdown.csv")
+    return table_block("Every layer", "layers-table", frame, columns, csv_href)
 
 
 def _ms(seconds: Any) -> Any:
@@ -443,7 +455,8 @@ def _ms(seconds: Any) -> Any:
 # --- options ---------------------------------------------------------------------------------
 
 
-def option_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
+def option_table(frame: pl.DataFrame, labels: Mapping[Any, str], *,
+                 csv_href: str = "option_effect.csv") -> Html:
     columns = [
         Column("option", lambda r: r["option"]),
         Column("default → value", lambda r: f"{r['ref_value']} → {r['value']}"),
@@ -458,14 +471,15 @@ def option_table(frame: pl.DataFrame, labels: Mapping[Any, str]) -> Html:
             r["accuracy_verdict"], r["accuracy_significant"], r["accuracy_p_value"])),
     ]
     return table_block("Options, everything else equal (E; D Fig 3)", "options-table", frame,
-                       columns, "option_effect.csv")
+                       columns, csv_href)
 
 
 # --- Pareto ----------------------------------------------------------------------------------
 
 
 def pareto_table(frame: pl.DataFrame, labels: Mapping[Any, str],
-                 levels: Mapping[str, Mapping[str, Any]]) -> Html:
+                 levels: Mapping[str, Mapping[str, Any]], *,
+                 csv_href: str = "pareto_front.csv") -> Html:
     columns = [
         Column("model · dataset · device", lambda r: f"{r['model']} · {r['dataset']} · {r['device']}"),
         Column("cell", _label(labels, "cell_id")),
@@ -477,7 +491,7 @@ def pareto_table(frame: pl.DataFrame, labels: Mapping[Any, str],
         Column("framework front", lambda r: "yes" if r["on_framework_front"] else "no"),
     ]
     return table_block("Training cells by time and accuracy", "pareto-table", frame, columns,
-                       "pareto_front.csv",
+                       csv_href,
                        row_class=lambda r: "front" if r["on_front"] else None,
                        note="Dominance by medians only: cells whose intervals overlap may swap "
                             "places with more repeats.")
