@@ -575,7 +575,7 @@ def test_spec_as_the_host_writes_it_is_accepted(tmp_path: Path) -> None:
     ({"precision": "fp8"}, '[params -> precision] expected one of "fp32", "tf32", "bf16", "fp16", got "fp8"'),
     ({"conv_algo": "fastest"}, '[params -> conv_algo] expected one of "heuristic", "autotune", got "fastest"'),
     ({"mode": "serve"}, '[params -> mode] expected one of "train", "inference", got "serve"'),
-    ({"preset": "keras"}, '[params -> preset] expected one of "none", "framework-default", got "keras"'),
+    ({"preset": "keras"}, '[params -> preset] expected one of "none", "framework-default", "study-a", got "keras"'),
     ({"onednn_check": "yes"}, '[params -> onednn_check] expected true or false, got "yes"'),
     ({"layer_profile": 1}, "[params -> layer_profile] expected true or false, got 1"),
     ({"optimizer": "lbfgs"}, '[params -> optimizer] expected one of "sgd", "adam", "adadelta", "rmsprop", got "lbfgs"'),

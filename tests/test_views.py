@@ -37,7 +37,8 @@ CONTRACT = {
                     "train_seconds, test_seconds, accuracy, throughput, time_to_first_step, "
                     "cpu_user_avg, cpu_system_avg, cpu_total_avg, iowait_avg, rss_avg_bytes, "
                     "rss_peak_bytes, mismatches, mode, layout, precision, conv_algo, gpus, interop_threads, "
-                    "preset, seed, inference_seconds, peak_device_memory_bytes, onednn_primitives",
+                    "preset, seed, inference_seconds, peak_device_memory_bytes, onednn_primitives, "
+                    "epochs_run, stopped_early, best_epoch",
     "cell_status": "cell_id, repeat, attempts, max_attempt, last_status, ok",
     "cell_durations": "cell_id, runs, wall_seconds_median",
     "baseline": "sweep, cell_id, framework, variant, model, dataset, threads, batch_size, epochs, "
@@ -184,6 +185,7 @@ def test_run_overview_rows(study: Path) -> None:
         "mismatches": [], "mode": "train", "layout": "nchw", "precision": "fp32",
         "conv_algo": "heuristic", "gpus": None, "interop_threads": "unset", "preset": "none", "seed": 0,
         "inference_seconds": None, "peak_device_memory_bytes": None, "onednn_primitives": None,
+        "epochs_run": None, "stopped_early": None, "best_epoch": None,
     }
     assert rows[f"{A}/1-1"]["mismatches"] == ["threads: asked 2, in force 1"]
     failed = rows[f"{C}/0-1"]

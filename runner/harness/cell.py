@@ -16,7 +16,7 @@ from typing import Any
 from . import adapters, datasets, distributed, layers, probe
 from .errors import HarnessError, SpecError
 from .events import EventLog, throughput
-from .spec import first_problem, layer_profile_problem, model_problem, show
+from .spec import first_problem, knob_problem, layer_profile_problem, model_problem, setting, show
 
 HARNESS_VERSION = "1.0"
 SCHEMA_VERSION = 1
@@ -61,6 +61,9 @@ def load_spec(path: Path) -> dict[str, Any]:
     problem_text = layer_profile_problem(params)
     if problem_text:
         raise SpecError(f"{path}: [params -> layer_profile] {problem_text}")
+    knob = knob_problem(params)
+    if knob:
+        raise SpecError(f"{path}: [params -> {knob[0]}] {knob[1]}")
     if distributed.multi_process(params) and (params["mode"] != "train" or params["layer_profile"]):
         raise SpecError(f"{path}: [params -> workers] a multi-worker cell trains (mode = \"train\", "
                         "no layer_profile)")
@@ -117,9 +120,10 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
 
         t0 = time.perf_counter()
         dataset = datasets.load(params, Path(spec["data_dir"]))
+        held = {"validation_size": dataset.validation.count} if dataset.validation else {}
         log.emit("data", dataset=dataset.name, train_size=dataset.train.count,
                  test_size=dataset.test.count, shape=list(dataset.shape), classes=dataset.classes,
-                 load_seconds=time.perf_counter() - t0)
+                 load_seconds=time.perf_counter() - t0, **held)
 
         if params["mode"] == "inference":
             outcome = adapter.infer(params, dataset, log)
@@ -129,11 +133,24 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
             layers.profile(log, params, dataset.shape, dataset.classes,
                            adapter.layer_ops(params, dataset, outcome.model))
         extra, more_notes = _workers_summary(ctx, params, log, fields, outcome, out_dir)
+        if params["mode"] != "inference":
+            extra = {**_knobs_summary(params, outcome), **extra}
         summary = log.summary(diverged=outcome.diverged, notes=[*notes, *outcome.notes, *more_notes],
                               mode=params["mode"], inference_seconds=outcome.inference_seconds,
                               peak_device_memory_bytes=outcome.peak_device_memory_bytes, extra=extra)
         log.emit("end", t=time.time())
     return summary
+
+
+def _knobs_summary(params: dict[str, Any], outcome: adapters.TrainOutcome) -> dict[str, Any]:
+    """The training knobs as the run applied them (docs/HARNESS.md "Training knobs"):
+    ``stopped_early``, ``first_layer_backward`` and ``input_gradient_steps``, and what fed
+    the steps (``input_pipeline``, the adapter's description)."""
+    pipeline = outcome.input_pipeline or {"kind": setting(params, "input_pipeline")}
+    return {"stopped_early": outcome.stopped_early,
+            "first_layer_backward": setting(params, "first_layer_backward"),
+            "input_gradient_steps": outcome.input_gradient_steps,
+            "input_pipeline": pipeline}
 
 
 def _workers_summary(ctx: distributed.Context, params: dict[str, Any], log: EventLog, probe_fields: dict[str, Any],

@@ -69,6 +69,14 @@ class Split:
         per_image = len(self.images) // self.count
         return Split(self.images[:n * per_image], self.labels[:n])
 
+    def hold_out(self, n: int) -> tuple[Split, Split]:
+        """(the first ``count - n`` samples, the last ``n``): a validation split held out of
+        training.  ``n`` must be from 1 to ``count - 1``."""
+        keep = self.count - n
+        per_image = len(self.images) // self.count
+        return (Split(self.images[:keep * per_image], self.labels[:keep]),
+                Split(self.images[keep * per_image:], self.labels[keep:]))
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -77,10 +85,12 @@ class Dataset:
     classes: int
     train: Split
     test: Split
+    validation: Split | None = None  # held out of the training split (``validation`` > 0)
 
 
 def load(params: dict[str, Any], data_dir: Path) -> Dataset:
-    """The dataset a cell's ``params`` ask for, with ``train_limit`` / ``test_limit`` applied."""
+    """The dataset a cell's ``params`` ask for, with ``train_limit`` / ``test_limit`` applied,
+    then the last ``validation`` training samples held out as the validation split."""
     name = params["dataset"]
     if name == SYNTHETIC:
         c, h, w = params["synthetic_shape"]
@@ -90,8 +100,15 @@ def load(params: dict[str, Any], data_dir: Path) -> Dataset:
         ds = load_idx_dataset(Path(data_dir) / name, name=name, classes=IDX_DATASETS[name])
     else:
         raise DataError(f"unknown dataset {name!r} (expected one of {', '.join(DATASETS)})")
-    return Dataset(ds.name, ds.shape, ds.classes,
-                   ds.train.head(params["train_limit"]), ds.test.head(params["test_limit"]))
+    train = ds.train.head(params["train_limit"])
+    held = (params.get("validation") or 0) if params.get("mode") != "inference" else 0
+    if not held:
+        return Dataset(ds.name, ds.shape, ds.classes, train, ds.test.head(params["test_limit"]))
+    if held >= train.count:
+        raise DataError(f"validation = {held:,} must be smaller than the training split of {ds.name} "
+                        f"({train.count:,} samples after train_limit)")
+    train, validation = train.hold_out(held)
+    return Dataset(ds.name, ds.shape, ds.classes, train, ds.test.head(params["test_limit"]), validation)
 
 
 # --- where a dataset is, and what to do when it is not there ---------------------------

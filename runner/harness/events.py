@@ -88,15 +88,40 @@ class EventLog:
 
     def epoch(self, *, epoch: int, steps: int, train_loss: float | None, train_accuracy: float | None,
               test_loss: float | None, test_accuracy: float | None, epoch_seconds: float,
-              test_seconds: float | None) -> dict[str, Any]:
-        """Write the epoch's buffered steps, then its record (which flushes)."""
+              test_seconds: float | None, validation: tuple[float, float, float] | None = None) -> dict[str, Any]:
+        """Write the epoch's buffered steps, then its record (which flushes).
+
+        ``validation``: (loss, accuracy, seconds) on the validation split of a cell that holds
+        one out (``validation`` > 0), recorded as ``validation_loss``, ``validation_accuracy``
+        and ``validation_seconds``; the record has no such keys otherwise."""
         self.write_steps()
+        more = {}
+        if validation is not None:
+            more = dict(zip(("validation_loss", "validation_accuracy", "validation_seconds"), validation))
         record = self.emit("epoch", epoch=epoch, steps=steps, train_loss=train_loss,
                            train_accuracy=train_accuracy, test_loss=test_loss,
                            test_accuracy=test_accuracy, epoch_seconds=epoch_seconds,
-                           test_seconds=test_seconds)
+                           test_seconds=test_seconds, **more)
         self.epochs.append(record)
         return record
+
+    def best_epoch(self) -> int | None:
+        """The epoch with the highest validation accuracy so far (the first of equals), or None
+        when no epoch has one."""
+        best, best_accuracy = None, None
+        for record in self.epochs:
+            accuracy = record.get("validation_accuracy")
+            if accuracy is not None and (best_accuracy is None or accuracy > best_accuracy):
+                best, best_accuracy = record["epoch"], accuracy
+        return best
+
+    def should_stop(self, patience: int) -> bool:
+        """Early stopping: whether validation accuracy has not improved for ``patience`` epochs
+        (the epochs recorded since the best one, ``best_epoch``).  False for ``patience`` 0."""
+        best = self.best_epoch()
+        if not patience or best is None or not self.epochs:
+            return False
+        return self.epochs[-1]["epoch"] - best >= patience
 
     def summary(self, *, diverged: bool, notes: Iterable[str] = (), mode: str = "train",
                 inference_seconds: float | None = None,
@@ -110,6 +135,9 @@ class EventLog:
         allocation, null on the CPU (the host monitor records the RSS).  ``extra``: more
         fields, written after the computed ones (a multi-worker cell's rank 0 replaces
         ``throughput`` by the aggregate and adds the per-worker numbers, docs/HARNESS.md).
+        A training run also gets ``epochs_run`` (epoch records written), ``best_epoch`` (of
+        the validation accuracy; null without a validation split) and ``stopped_early``
+        (false unless ``extra`` says otherwise).
         """
         notes = list(notes)
         self.write_steps()
@@ -134,6 +162,8 @@ class EventLog:
             "inference_seconds": None if training else inference_seconds,
             "peak_device_memory_bytes": peak_device_memory_bytes,
         }
+        if training:
+            fields.update(epochs_run=len(self.epochs), best_epoch=self.best_epoch(), stopped_early=False)
         if extra:
             fields.update(extra)
         if notes:

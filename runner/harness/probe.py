@@ -471,6 +471,8 @@ def probe_params(params: dict[str, Any]) -> dict[str, Any]:
            "onednn_check": False, "train_limit": ONEDNN_PROBE_STEPS * batch, "test_limit": batch,
            # one process: a worker of a multi-worker cell checks its own framework alone
            "workers": 1, "nodes": 1}
+    if params["mode"] != "inference":  # the knobs that need more data or processes than 2 steps
+        out.update(validation=0, early_stopping=0, input_pipeline="preloaded", loader_workers=0)
     if params.get("kvstore") is not None:
         out["kvstore"] = "device"
     if params["mode"] != "inference":

@@ -30,13 +30,17 @@ OPTIMIZERS = ("sgd", "adam", "adadelta", "rmsprop")
 LAYOUTS = ("nchw", "nhwc")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 CONV_ALGOS = ("heuristic", "autotune")
-PRESETS = ("none", "framework-default")
+PRESETS = ("none", "framework-default", "study-a")
+FIRST_LAYER_BACKWARD = ("skip", "full")
+INPUT_PIPELINES = ("preloaded", "loader")
 SCALINGS = ("weak", "strong")
 KVSTORES = ("device", "dist_sync", "dist_async")
 
 MAX_THREADS = 1024
 MAX_WORKERS = 256
 MAX_NODES = 1024
+MAX_LOADER_WORKERS = 256
+DIST_KVSTORES = ("dist_sync", "dist_async")  # the parameter-server values (as distributed.py)
 MIN_MEMORY_LIMIT = 6 * 1024**2  # the Docker engine refuses less than 6 MiB
 
 # How spec.json carries a parameter (``Param.in_spec``).
@@ -254,7 +258,24 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
     Param("layer_profile", boolean, False, "also time every layer's forward and backward pass"),
     Param("preset", Choice(PRESETS), "none",
           "framework-default: the optimizer, learning rate, batch size and epochs of the "
-          "framework's own official example for the dataset (docs/PRESETS.md)"),
+          "framework's own official example for the dataset; study-a: the defaults study A's "
+          "Tables II and III list (iterations where the example counted them; docs/PRESETS.md)"),
+    Param("first_layer_backward", Choice(FIRST_LAYER_BACKWARD), "skip",
+          "skip: the first layer's input gradient is not computed (autograd prunes it); full: "
+          "computed at every training step too, as study E found one framework doing (docs/HARNESS.md)",
+          in_spec=OPTIONAL),
+    Param("validation", integer(0, 10_000_000), 0,
+          "hold the last N training samples out as a validation split (not trained on), "
+          "evaluated after every epoch (0: none)", in_spec=OPTIONAL),
+    Param("early_stopping", integer(0, 100_000), 0,
+          "patience in epochs: stop when validation accuracy has not improved for that many "
+          "epochs (0: off; needs validation > 0 and an epoch-counted run)", in_spec=OPTIONAL),
+    Param("input_pipeline", Choice(INPUT_PIPELINES), "preloaded",
+          "preloaded: batches sliced from tensors already in memory; loader: the framework's "
+          "data loader feeds each step, inside the step's clock (docs/HARNESS.md)", in_spec=OPTIONAL),
+    Param("loader_workers", integer(0, MAX_LOADER_WORKERS), 0,
+          'worker processes (threads for tf.data) of input_pipeline = "loader" (0: load in the '
+          "training process)", in_spec=OPTIONAL),
     Param("seed", integer(0, 2**31 - 1), 0, "random seed"),
     Param("timeout", number(0.0, None, open_min=True, what="a positive number of seconds"), 1800.0,
           "seconds before the cell is killed and recorded as timeout", identity=False, in_spec=HOST_ONLY),
@@ -266,6 +287,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
 
 # --- rules between keys ------------------------------------------------------------------
 
+#: The knobs of the training loop: an inference cell keeps their defaults (``knob_problem``).
+TRAINING_KNOBS = ("first_layer_backward", "validation", "early_stopping", "input_pipeline", "loader_workers")
+
 
 def unused_keys(params: Mapping[str, Any], *, parameter_servers: bool | None = None) -> set[str]:
     """The keys a cell does not use, given its other values (docs/BUNDLE.md): the host sets
@@ -273,7 +297,8 @@ def unused_keys(params: Mapping[str, Any], *, parameter_servers: bool | None = N
 
     ``synthetic_*`` unless the dataset is synthetic; the optimizer's keys and ``epochs`` in
     inference; ``momentum`` for an optimizer other than SGD; ``epochs`` when ``iterations`` > 0;
-    ``gpus`` on the CPU; ``kvstore`` for a framework without a parameter server.
+    ``gpus`` on the CPU; ``kvstore`` for a framework without a parameter server.  (The
+    training knobs keep their defaults where they do not apply: ``knob_problem``.)
     ``parameter_servers``: whether the cell's framework has them (framework.toml ``[workers]``,
     which the host reads); None in the cell, which cannot read it: there a null ``kvstore`` is
     the host's word that the framework has none.
@@ -345,4 +370,54 @@ def layer_profile_problem(params: Mapping[str, Any]) -> str | None:
     blocks), as the words after the key, or None."""
     if params["layer_profile"] and params["model"] not in sequential_models():
         return f"needs a sequential network ({', '.join(sequential_models())}), not {params['model']}"
+    return None
+
+
+def setting(params: Mapping[str, Any], name: str) -> Any:
+    """The value of an ``OPTIONAL`` key as the cell uses it: the default when spec.json leaves
+    it out (a host older than the key) or nulls it (unused, ``unused_keys``)."""
+    value = params.get(name)
+    return PARAMS[name].default if value is None else value
+
+
+def knob_problem(params: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The training knobs that cannot run as asked, as (key, the words after it), or None.
+
+    An inference cell leaves every training knob (``TRAINING_KNOBS``) at its default;
+    ``loader_workers`` needs ``input_pipeline = "loader"``; ``early_stopping`` needs a
+    validation split, an epoch-counted run (``iterations`` = 0) and one process (the stop
+    decision is rank 0's alone: other workers would wait for it in their next exchange);
+    ``validation`` must leave training samples, where the training split's size is known
+    before loading (``train_limit`` > 0, or synthetic data).  The host refuses these at plan
+    time (``runner/planning/matrix.py: canonical``) and ``load_spec`` refuses them in the cell.
+    """
+    if params.get("mode") == "inference":
+        for name in TRAINING_KNOBS:
+            if setting(params, name) != PARAMS[name].default:
+                return (name, f"is a training setting: an inference cell leaves it at its default "
+                              f"({show(PARAMS[name].default)}), not {show(params[name])}")
+        return None
+    if setting(params, "loader_workers") and setting(params, "input_pipeline") != "loader":
+        return ("loader_workers", f"needs input_pipeline = \"loader\" (the workers of a data loader), "
+                                  f"not {show(setting(params, 'input_pipeline'))}")
+    patience = setting(params, "early_stopping")
+    validation = setting(params, "validation")
+    if patience:
+        if not validation:
+            return ("early_stopping", "needs validation > 0: it watches the accuracy on held-out "
+                                      "training samples")
+        iterations = params.get("iterations")
+        if isinstance(iterations, int) and iterations > 0:
+            return ("early_stopping", f"counts epochs: it needs iterations = 0 (an epoch-counted run), "
+                                      f"not iterations = {iterations}")
+        world = int(params.get("workers") or 1) * int(params.get("nodes") or 1)
+        if world > 1 or params.get("kvstore") in DIST_KVSTORES:
+            return ("early_stopping", "needs one process (workers = 1, nodes = 1, kvstore = \"device\"): "
+                                      "the workers of a multi-worker cell cannot stop together")
+    if validation:
+        known = params.get("train_limit") or 0
+        if params.get("dataset") == SYNTHETIC and isinstance(params.get("synthetic_train"), int):
+            known = min(known, params["synthetic_train"]) if known else params["synthetic_train"]
+        if known and validation >= known:
+            return ("validation", f"must be smaller than the training split ({known:,} samples), got {validation:,}")
     return None

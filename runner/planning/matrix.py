@@ -25,7 +25,7 @@ from typing import Any, Iterator, Mapping
 
 from matrun.errors import MatrixError
 from matrun.frameworks import display_name, get_framework, parameter_server_frameworks
-from matrun.runner.harness.spec import layer_profile_problem, unused_keys
+from matrun.runner.harness.spec import knob_problem, layer_profile_problem, unused_keys
 from matrun.runner.planning.params import PARAMS, ParamError, plain, show
 from matrun.runner.planning.presets import apply_preset
 from matrun.runner.slurm.settings import SlurmSettings, parse_slurm_section
@@ -367,6 +367,9 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
     problem = layer_profile_problem(out)
     if problem:
         raise ParamError(f"layer_profile {problem}")
+    knob = knob_problem(out)
+    if knob:
+        raise ParamError(f"{knob[0]} {knob[1]}")
     fw = get_framework(out["framework"])
     if out["variant"] not in fw.variants:
         raise ParamError(f"{out['framework']} has no variant \"{out['variant']}\"; known: "

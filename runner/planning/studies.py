@@ -26,7 +26,7 @@ from matrun.warehouse.findings import BASE_PROFILE, register_study
 
 #: Training and test samples of the staged datasets (docs/DATA.md).
 DATASET_SAMPLES = {"mnist": (60_000, 10_000), "fashion-mnist": (60_000, 10_000), "cifar10": (50_000, 10_000)}
-_ORDER = re.compile(r"^([A-Z]+)([0-9]*)(.*)$")
+_ORDER = re.compile(r"^([A-Z]+)([0-9]*)(.*)\Z")
 
 
 @dataclass(frozen=True)

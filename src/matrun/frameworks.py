@@ -6,12 +6,14 @@ description), the in-cell adapter ``runner/harness/adapters/<name>.py`` and its 
 here: its display name, how each variant is built, the environment variables that carry the
 thread and oneDNN settings into the cell (set before the framework starts), the combinations
 it cannot run (refused at plan time), its own default settings, the hyper-parameters of its
-official examples (``preset = "framework-default"``), a BLAS built into it, and how the
+official examples (``preset = "framework-default"``) and of the other presets
+(``[presets-<name>.<family>]``, e.g. ``preset = "study-a"``), a BLAS built into it, and how the
 processes of a multi-worker cell find each other.  The warehouse renders what its views need
 into SQL macros (``matrun.warehouse.framework_sql``).  Format and every key:
 docs/FRAMEWORKS.md.
 
-The core layer: imports only the standard library and ``matrun.errors``.
+The core layer: imports only the standard library, ``matrun.errors`` and the harness's
+parameter declaration (the preset names).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from matrun.errors import InputError
+from matrun.runner.harness.spec import PRESETS
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,9 @@ class Framework:
     """One framework: ``images/<name>/framework.toml``, read and checked.
 
     ``host_prefixes``: prefixes of the variables the framework reads (a host's own are dropped).
-    ``presets``: dataset family -> the parameters of the framework's official example.
+    ``presets``: dataset family -> the parameters of the framework's official example
+    (``preset = "framework-default"``).  ``named_presets``: the other presets, preset name ->
+    dataset family -> parameters (``[presets-<name>.<family>]``; ``preset_for`` reads both).
     ``defaults``: parameter -> the value that is the framework's own behaviour when told
     nothing (``layout``; ``conv_algo`` on the GPU).  ``default``: the framework of a cell
     that names none (exactly one framework says so).  ``builtin_blas``: the BLAS the probe
@@ -165,10 +170,16 @@ class Framework:
     unsupported: tuple[Unsupported, ...] = ()
     variants: Mapping[str, Variant] = field(default_factory=dict)
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    named_presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
     defaults: Mapping[str, str] = field(default_factory=dict)
     builtin_blas: str | None = None
     workers: Workers = field(default_factory=Workers)
     default: bool = False
+
+    def preset_for(self, preset: str, family: str) -> Mapping[str, Any] | None:
+        """The parameters ``preset`` gives this framework for a dataset family, or None."""
+        tables = self.presets if preset == DEFAULT_PRESET else self.named_presets.get(preset, {})
+        return tables.get(family)
 
     def variant(self, name: str) -> Variant:
         try:
@@ -257,8 +268,12 @@ def display_name(name: str) -> str:
 
 # --- reading framework.toml --------------------------------------------------------------------
 
+#: The preset whose tables are ``[presets.<family>]``; every other preset value P but "none"
+#: has ``[presets-P.<family>]`` (docs/PRESETS.md).
+DEFAULT_PRESET = "framework-default"
+NAMED_PRESETS = tuple(p for p in PRESETS if p not in ("none", DEFAULT_PRESET))
 _TOP_KEYS = ("name", "display_name", "default", "import_check", "builtin_blas", "env", "unsupported", "defaults",
-             "presets", "workers", "variants")
+             "presets", *(f"presets-{p}" for p in NAMED_PRESETS), "workers", "variants")
 _ENV_KEYS = ("threads", "interop_threads", "onednn", "fixed", "host_prefixes")
 _DEFAULT_KEYS = ("layout", "conv_algo")
 _WORKER_KEYS = ("ports", "parameter_servers", "server_code", "binds_every_interface", "env")
@@ -327,6 +342,8 @@ def _parse(folder: str, doc: dict[str, Any]) -> Framework:
         unsupported=_parse_unsupported(file, doc.get("unsupported", [])),
         variants={k: _parse_variant(folder, k, v) for k, v in _table(f"{file} [variants]", doc.get("variants", {})).items()},
         presets=_parse_presets(file, doc.get("presets", {})),
+        named_presets={p: _parse_presets(file, doc[f"presets-{p}"], f"presets-{p}")
+                       for p in NAMED_PRESETS if f"presets-{p}" in doc},
         defaults={k: _text(f"{file} [defaults]", k, v)
                   for k, v in _keys(f"{file} [defaults]", doc.get("defaults", {}), _DEFAULT_KEYS).items()},
         builtin_blas=None if builtin_blas is None else _text(file, "builtin_blas", builtin_blas),
@@ -353,15 +370,20 @@ def _parse_unsupported(file: str, rules: Any) -> tuple[Unsupported, ...]:
     return tuple(out)
 
 
-def _parse_presets(file: str, doc: Any) -> dict[str, dict[str, Any]]:
+def _parse_presets(file: str, doc: Any, table: str = "presets") -> dict[str, dict[str, Any]]:
+    """``[<table>.<family>]``: parameter -> value (names and values are checked against the
+    cell parameters by ``runner/planning/presets.py``, which applies them).  A preset sets at
+    most one length, ``epochs`` or ``iterations``."""
     out = {}
-    for family, values in _table(f"{file} [presets]", doc).items():
-        where = f"{file} [presets.{family}]"
+    for family, values in _table(f"{file} [{table}]", doc).items():
+        where = f"{file} [{table}.{family}]"
         if not isinstance(values, dict):
             raise InputError(f"{where}: expected a table of parameter values, got {values!r}")
         for key, value in values.items():
             if not isinstance(value, (str, int, float, bool)):
                 raise InputError(f"{where}: {key} must be a string, a number or a boolean, got {value!r}")
+        if "epochs" in values and "iterations" in values:
+            raise InputError(f"{where}: sets both epochs and iterations; a preset gives one length")
         out[family] = dict(values)
     return out
 

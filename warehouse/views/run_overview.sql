@@ -47,6 +47,10 @@ SELECT
     TRY_CAST(r.params ->> 'seed' AS INTEGER)             AS seed,
     TRY_CAST(r.summary ->> 'inference_seconds' AS DOUBLE)          AS inference_seconds,
     TRY_CAST(r.summary ->> 'peak_device_memory_bytes' AS BIGINT)   AS peak_device_memory_bytes,
-    TRY_CAST(r.probe ->> 'onednn_primitives' AS BIGINT)            AS onednn_primitives
+    TRY_CAST(r.probe ->> 'onednn_primitives' AS BIGINT)            AS onednn_primitives,
+    -- early stopping (the harness's summary; NULL for inference and runs of older harnesses)
+    TRY_CAST(r.summary ->> 'epochs_run' AS INTEGER)                AS epochs_run,
+    TRY_CAST(r.summary ->> 'stopped_early' AS BOOLEAN)             AS stopped_early,
+    TRY_CAST(r.summary ->> 'best_epoch' AS INTEGER)                AS best_epoch
 FROM runs AS r
 ORDER BY r.sweep, r.cell_id, r."repeat", r.attempt

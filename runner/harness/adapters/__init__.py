@@ -17,7 +17,10 @@ framework value; adding a framework is one module here (``ADAPTERS`` finds it). 
 4. ``train(params, dataset, log)`` -> ``TrainOutcome``: build the model, emit ``model``, train
    and evaluate, appending one ``(epoch, t_start, t_end, images)`` tuple per optimizer step
    to ``log.steps`` and calling ``log.epoch(...)`` once per epoch.  The harness writes the
-   summary from what was logged.  With ``mode = "inference"`` the harness calls
+   summary from what was logged.  The training knobs (``first_layer_backward``,
+   ``validation`` / ``early_stopping``, ``input_pipeline`` / ``loader_workers``; read them
+   with ``spec.setting``) are every adapter's to apply (docs/HARNESS.md "Training knobs").
+   With ``mode = "inference"`` the harness calls
    ``infer(params, dataset, log)`` instead: forward passes only, one ``log.steps`` tuple per
    batch, no ``log.epoch``.
 5. ``layer_ops(params, dataset, model)`` -> ``layers.LayerOps`` when ``layer_profile`` is
@@ -65,6 +68,13 @@ class TrainOutcome:
     accelerator's peak allocation, None on the CPU.  ``exchange``: a multi-worker cell's
     gradient-exchange measurement (``method``, ``seconds_median``, …; docs/HARNESS.md), None
     for a single process.
+
+    The training knobs (docs/HARNESS.md "Training knobs"): ``stopped_early``: training ended
+    because ``early_stopping``'s patience ran out (``log.should_stop``).
+    ``input_gradient_steps``: the steps whose backward pass really produced a gradient for
+    the first layer's input (0 with ``first_layer_backward = "skip"``).  ``input_pipeline``:
+    what fed the steps (``kind`` "preloaded" or "loader", and for a loader its
+    ``implementation``, ``workers``, the worker processes or threads seen and the batches).
     """
 
     diverged: bool = False
@@ -73,6 +83,9 @@ class TrainOutcome:
     inference_seconds: float | None = None
     peak_device_memory_bytes: int | None = None
     exchange: dict[str, Any] | None = None
+    stopped_early: bool = False
+    input_gradient_steps: int | None = None
+    input_pipeline: dict[str, Any] | None = None
 
 
 class Adapter(Protocol):

@@ -58,6 +58,7 @@ from .. import models as zoo
 from ..datasets import IDX_SHAPES, Dataset, Split
 from ..events import EventLog
 from ..layers import LayerOp, LayerOps
+from ..spec import setting
 from . import TrainOutcome
 
 NAME = "mxnet"
@@ -163,14 +164,16 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
 
 def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
     ctxs = _contexts(params)
-    x_train, y_train = _arrays(dataset.train, dataset.shape, ctxs[0])
+    wctx = distributed.current()
+    feed = Feed(params, dataset.train, dataset.shape, ctxs[0])  # a loader's worker pool forks here
+    x_train, y_train = feed.x, feed.y
     x_test, y_test = _arrays(dataset.test, dataset.shape, ctxs[0])
+    held = _arrays(dataset.validation, dataset.shape, ctxs[0]) if dataset.validation and wctx.chief else None
     amp = _amp(params)
     net = build(params["model"], dataset.shape, dataset.classes)
     net.initialize(_initializer(), ctx=ctxs)
     net.hybridize(static_alloc=True, static_shape=True)
     _emit_model(log, params, dataset, net)
-    wctx = distributed.current()
     kind = params.get("kvstore") or "device"
     dist = kind in distributed.DIST_KVSTORES
     if dist:  # connects to the cell's scheduler; rank 0 of the kvstore sends the optimizer
@@ -186,27 +189,43 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     iterations = params["iterations"]
     batch = distributed.global_batch(params) if dist else params["batch_size"]
     exchange: list[float] | None = [] if dist else None
+    patience = setting(params, "early_stopping")
+    full = setting(params, "first_layer_backward") == "full"
+    gradients = [0]  # steps whose backward produced the input's gradient
+
+    def outcome(**more: Any) -> TrainOutcome:
+        return TrainOutcome(model=net, exchange=_exchange(exchange, log, kind, net),
+                            input_gradient_steps=gradients[0], input_pipeline=feed.describe(), **more)
 
     epoch, done = 0, 0
-    while (done < iterations) if iterations else (epoch < params["epochs"]):
-        budget = iterations - done if iterations else None
-        steps, loss, accuracy, seconds = _train_epoch(
-            net, trainer, loss_fn, amp, x_train, y_train, ctxs, epoch=epoch,
-            batch_size=batch, budget=budget, shuffle=shuffle, record=log.steps.append,
-            wctx=wctx, exchange=exchange, asynchronous=kind == "dist_async")
-        done += steps
-        if wctx.chief:
-            test_loss, test_accuracy, test_seconds = evaluate(net, loss_fn, x_test, y_test, ctxs,
-                                                              params["eval_batch_size"])
-        else:  # only rank 0 evaluates
-            test_loss = test_accuracy = test_seconds = None
-        log.epoch(epoch=epoch, steps=steps, train_loss=loss, train_accuracy=accuracy, test_loss=test_loss,
-                  test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds)
-        if not math.isfinite(loss):
-            return TrainOutcome(diverged=True, notes=[f"training loss became {loss} in epoch {epoch}; stopped"],
-                                model=net, exchange=_exchange(exchange, log, kind, net))
-        epoch += 1
-    return TrainOutcome(model=net, exchange=_exchange(exchange, log, kind, net))
+    try:
+        while (done < iterations) if iterations else (epoch < params["epochs"]):
+            budget = iterations - done if iterations else None
+            steps, loss, accuracy, seconds = _train_epoch(
+                net, trainer, loss_fn, amp, x_train, y_train, ctxs, epoch=epoch,
+                batch_size=batch, budget=budget, shuffle=shuffle, record=log.steps.append,
+                wctx=wctx, exchange=exchange, asynchronous=kind == "dist_async", feed=feed,
+                gradients=gradients if full else None)
+            done += steps
+            validation = None
+            if wctx.chief:
+                test_loss, test_accuracy, test_seconds = evaluate(net, loss_fn, x_test, y_test, ctxs,
+                                                                  params["eval_batch_size"])
+                if held:
+                    validation = evaluate(net, loss_fn, *held, ctxs, params["eval_batch_size"])
+            else:  # only rank 0 evaluates
+                test_loss = test_accuracy = test_seconds = None
+            log.epoch(epoch=epoch, steps=steps, train_loss=loss, train_accuracy=accuracy, test_loss=test_loss,
+                      test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds,
+                      validation=validation)
+            if not math.isfinite(loss):
+                return outcome(diverged=True, notes=[f"training loss became {loss} in epoch {epoch}; stopped"])
+            if log.should_stop(patience):
+                return outcome(stopped_early=True)
+            epoch += 1
+        return outcome()
+    finally:
+        feed.close()
 
 
 def _exchange(per_step: list[float] | None, log: EventLog, kind: str, net: Any) -> dict[str, Any] | None:
@@ -278,9 +297,10 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
     layers = list(model._children.values())  # one child per zoo layer, in order
     inputs, outputs = [], []
     h = x
+    full = setting(params, "first_layer_backward") == "full"
     for i, layer in enumerate(layers):
         inp = h.copy()
-        if training and i > 0:
+        if training and (i > 0 or full):
             inp.attach_grad()
         if training:
             with autograd.record():
@@ -437,31 +457,44 @@ def _train_epoch(net: Any, trainer: Any, loss_fn: Any, amp: Any, x: Any, y: Any,
                  epoch: int, batch_size: int, budget: int | None, shuffle: random.Random,
                  record: Callable[[tuple[int, float, float, int]], None],
                  wctx: distributed.Context | None = None, exchange: list[float] | None = None,
-                 asynchronous: bool = False) -> tuple[int, float, float, float]:
+                 asynchronous: bool = False, feed: Feed | None = None,
+                 gradients: list[int] | None = None) -> tuple[int, float, float, float]:
     """One pass (or ``budget`` steps) over the shuffled data: (steps, loss, accuracy, seconds).
 
     A dist kvstore cell (``exchange`` is a list): ``batch_size`` is the global batch, this
     worker trains on its ``[rank::world]`` of each, and each step's push/pull time is appended
-    to ``exchange``."""
+    to ``exchange``.  A loader (``feed.loader``): the same batches, fetched from the Gluon
+    DataLoader inside the step's clock (after its opening ``waitall``).  ``gradients``
+    (``first_layer_backward = "full"``): each batch gets ``attach_grad``, so backward computes
+    the first layer's input gradient; ``gradients[0]`` counts the steps where it is non-zero."""
     nd, autograd = mx.nd, mx.autograd
     wctx = wctx or distributed.Context()
     t_epoch = time.perf_counter()
     order = list(range(y.shape[0]))
     shuffle.shuffle(order)
-    index = nd.array(order, ctx=ctxs[0], dtype="int64")
-    xs, ys = nd.take(x, index), nd.take(y, index)
     count = y.shape[0]
     starts = distributed.batch_starts(count, batch_size, wctx.world, budget)
     if exchange is not None:  # the server's gradient scale is fixed at the first step: full batches only
         starts = [(start, size) for start, size in starts if size == batch_size]
     if not starts and exchange is not None:
         raise HarnessError(f"the training set ({count} samples) has no full global batch of {batch_size}")
+    loader = feed is not None and feed.loader is not None
+    if loader:
+        batches = feed.epoch(order, starts, rank=wctx.rank, world=wctx.world)  # type: ignore[union-attr]
+    else:
+        index = nd.array(order, ctx=ctxs[0], dtype="int64")
+        xs, ys = nd.take(x, index), nd.take(y, index)
     loss_sum = nd.zeros((1,), ctx=ctxs[0])
     correct = nd.zeros((1,), ctx=ctxs[0])
+    computed = nd.zeros((1,), ctx=ctxs[0])
     steps, seen = 0, 0
     for start, size in starts:
         end = start + size
-        if wctx.distributed:
+        if loader:
+            nd.waitall()  # the previous step's bookkeeping runs outside the clock
+            t0 = time.perf_counter()
+            xb, yb = next(batches)
+        elif wctx.distributed:
             take = nd.arange(start + wctx.rank, end, wctx.world, ctx=ctxs[0], dtype="int64")
             xb, yb = nd.take(xs, take), nd.take(ys, take)
         else:
@@ -471,8 +504,12 @@ def _train_epoch(net: Any, trainer: Any, loss_fn: Any, amp: Any, x: Any, y: Any,
             yparts = mx.gluon.utils.split_and_load(yb, ctxs, even_split=False)
         else:
             xparts, yparts = [xb], [yb]
-        nd.waitall()  # the previous step's bookkeeping runs outside the clock
-        t0 = time.perf_counter()
+        if gradients is not None:
+            for xp in xparts:
+                xp.attach_grad()
+        if not loader:
+            nd.waitall()  # the previous step's bookkeeping runs outside the clock
+            t0 = time.perf_counter()
         with autograd.record():
             outs = [net(xp) for xp in xparts]
             losses = [loss_fn(o, yp) for o, yp in zip(outs, yparts)]
@@ -498,9 +535,14 @@ def _train_epoch(net: Any, trainer: Any, loss_fn: Any, amp: Any, x: Any, y: Any,
             o = o.astype("float32")
             loss_sum += lo.astype("float32").sum().as_in_context(ctxs[0])
             correct += (o.argmax(axis=1) == yp).sum().as_in_context(ctxs[0])
+        if gradients is not None:  # 1 when every part's input gradient has a non-zero element
+            computed += nd.min(nd.concat(*[(xp.grad.abs().sum() > 0).reshape((1,)).as_in_context(ctxs[0])
+                                           for xp in xparts], dim=0)).reshape((1,))
         steps += 1
         seen += xb.shape[0]
     loss_value, correct_value = float(loss_sum.asscalar()), float(correct.asscalar())
+    if gradients is not None:
+        gradients[0] += int(computed.asscalar())
     seconds = time.perf_counter() - t_epoch
     return steps, loss_value / seen, correct_value / seen, seconds
 
@@ -592,6 +634,104 @@ def _arrays(split: Split, shape: tuple[int, int, int], ctx: Any, limit: int | No
     x = (pixels.reshape(count, *shape).astype(np.float32) / 255.0 - 0.5) / 0.5
     y = np.frombuffer(bytes(split.labels), dtype=np.int64)[:count].astype(np.float32)
     return mx.nd.array(x, ctx=ctx, dtype="float32"), mx.nd.array(y, ctx=ctx, dtype="float32")
+
+
+class _Images:
+    """What the loader reads: the stored bytes (N, C, H, W), each sample converted when it is
+    fetched (float32, /255, mean 0.5 / std 0.5: the numbers ``_arrays`` gives), and its label."""
+
+    def __init__(self, pixels: Any, labels: Any) -> None:
+        self.pixels, self.labels = pixels, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        return (self.pixels[index].astype(np.float32) / 255.0 - 0.5) / 0.5, self.labels[index]
+
+
+_MAIN_PID = os.getpid()
+
+
+def _batchify(samples: list[tuple[Any, Any]]) -> tuple[Any, Any, int]:
+    """A batch as MXNet's multi-worker loader makes one (NDArrays in shared memory, in a worker
+    process; ``default_mp_batchify_fn``), and the process that made it."""
+    ctx = mx.Context("cpu_shared", 0) if os.getpid() != _MAIN_PID else mx.cpu()
+    x = np.stack([sample[0] for sample in samples])
+    y = np.asarray([sample[1] for sample in samples], dtype=np.float32)
+    return mx.nd.array(x, ctx=ctx, dtype="float32"), mx.nd.array(y, ctx=ctx, dtype="float32"), os.getpid()
+
+
+class _Batches:
+    """The loader's batch sampler: the index lists of the current epoch, set by ``Feed.epoch``."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class Feed:
+    """What feeds the training steps (``input_pipeline``).
+
+    ``preloaded``: ``x`` / ``y`` are the normalised NDArrays on the cell's first context; each
+    epoch takes them in a shuffled order and slices batches.  ``loader``: ``x`` is the stored
+    uint8 images (numpy) and ``loader`` a ``mx.gluon.data.DataLoader`` over them with
+    ``loader_workers`` worker processes (0: in this process; MXNet's own ``prefetch`` of 2
+    batches per worker), each sample converted as it is fetched, the batches in shared memory
+    (``cpu_shared``) as MXNet's multi-worker batchify makes them; its batch sampler is set each
+    epoch from the same permutation the preloaded path uses, so both train on the same
+    batches.  MXNet starts the worker pool once, when the loader is made (``__init__``), and
+    keeps it for every epoch.
+    """
+
+    def __init__(self, params: dict[str, Any], split: Split, shape: tuple[int, int, int], ctx: Any) -> None:
+        global _MAIN_PID
+        self.ctx = ctx
+        self.workers = setting(params, "loader_workers")
+        self.loader: Any = None
+        self.seen: dict[int, int] = {}  # process id -> batches it made
+        self.batches = 0
+        if setting(params, "input_pipeline") != "loader":
+            self.x, self.y = _arrays(split, shape, ctx)
+            return
+        _MAIN_PID = os.getpid()
+        self.x = np.frombuffer(bytes(split.images), dtype=np.uint8).reshape(split.count, *shape)
+        self.y = np.frombuffer(bytes(split.labels), dtype=np.int64).astype(np.float32)
+        self.sampler = _Batches()
+        self.loader = mx.gluon.data.DataLoader(_Images(self.x, self.y), batch_sampler=self.sampler,
+                                               batchify_fn=_batchify, num_workers=self.workers)
+
+    def epoch(self, order: list[int], starts: list[tuple[int, int]], *, rank: int = 0, world: int = 1) -> Any:
+        """The epoch's batches (this worker's ``[rank::world]`` share of each global batch at
+        ``starts`` of ``order``) on the cell's context, as an iterator whose ``next`` fetches one."""
+        self.sampler.batches = [order[start + rank:start + size:world] for start, size in starts]
+        return self._fetch(iter(self.loader))
+
+    def _fetch(self, batches: Any) -> Any:
+        for xb, yb, pid in batches:
+            self.seen[pid] = self.seen.get(pid, 0) + 1
+            self.batches += 1
+            yield xb.as_in_context(self.ctx), yb.as_in_context(self.ctx)
+
+    def close(self) -> None:
+        """Stop the loader's worker pool (MXNet leaves it to the garbage collector)."""
+        pool = getattr(self.loader, "_worker_pool", None)
+        if pool is not None:
+            pool.terminate()
+            self.loader._worker_pool = None
+
+    def describe(self) -> dict[str, Any]:
+        """The summary's ``input_pipeline``: what really fed the steps."""
+        if self.loader is None:
+            return {"kind": "preloaded"}
+        return {"kind": "loader", "implementation": "mxnet.gluon.data.DataLoader", "workers": self.workers,
+                "workers_seen": len([pid for pid in self.seen if pid != _MAIN_PID]), "batches": self.batches,
+                "batches_in_process": self.seen.get(_MAIN_PID, 0)}
 
 
 def _contexts(params: dict[str, Any]) -> list[Any]:

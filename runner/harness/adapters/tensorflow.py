@@ -56,6 +56,7 @@ from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO
 from ..models import block_layers, block_out_channels, forward_flops, walk
+from ..spec import setting
 from . import TrainOutcome
 
 NAME = "tensorflow"
@@ -186,23 +187,32 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
 
 def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
     placement = _placement(params)
+    ctx = distributed.current()
+    batch = distributed.global_batch(params) if ctx.distributed else params["batch_size"]
     with placement.scope():
-        x_train, y_train = tensors(dataset.train, dataset.shape, params["layout"])
+        feed = Feed(params, dataset.train, dataset.shape, batch)
+        x_train, y_train = feed.x, feed.y
         x_test, y_test = tensors(dataset.test, dataset.shape, params["layout"])
+        held = (tensors(dataset.validation, dataset.shape, params["layout"])
+                if dataset.validation and ctx.chief else None)
         net = build(params["model"], dataset.shape, dataset.classes, params["layout"])
         optimizer = make_optimizer(params)
         optimizer.build(net.model.trainable_variables)
     log.emit("model", name=params["model"], parameters=trainable_parameters(net.model),
              flops=forward_flops(params["model"], dataset.shape, dataset.classes))
-    ctx = distributed.current()
+    full = setting(params, "first_layer_backward") == "full"
     step = train_step(net.model, optimizer, params["weight_decay"], dataset.shape, params["layout"],
-                      placement.strategy, local_results=ctx.distributed)
+                      placement.strategy, local_results=ctx.distributed, input_gradient=full)
     evaluate_fn = eval_step(net.model, dataset.shape, params["layout"])
-    iterations = params["iterations"]
-    batch = distributed.global_batch(params) if ctx.distributed else params["batch_size"]
+    iterations, patience = params["iterations"], setting(params, "early_stopping")
     notes = []
     if params["warmup_steps"] == 0:
         notes.append("warmup_steps is 0: step 0 includes tracing and optimising the tf.function")
+    gradients = [0]  # steps whose backward produced the input's gradient
+
+    def outcome(**more: Any) -> TrainOutcome:
+        return TrainOutcome(notes=notes, model=net, peak_device_memory_bytes=placement.peak_memory(),
+                            input_gradient_steps=gradients[0], input_pipeline=feed.describe(), **more)
 
     epoch, done = 0, 0
     while (done < iterations) if iterations else (epoch < params["epochs"]):
@@ -210,28 +220,34 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         with placement.scope():
             steps, loss, accuracy, seconds = _train_epoch(
                 step, x_train, y_train, epoch=epoch, seed=params["seed"], batch_size=batch,
-                budget=budget, sync=placement.sync, record=log.steps.append, ctx=ctx)
+                budget=budget, sync=placement.sync, record=log.steps.append, ctx=ctx, feed=feed,
+                gradients=gradients if full else None)
             done += steps
+            validation = None
             if ctx.chief:
                 test_loss, test_accuracy, test_seconds = evaluate(evaluate_fn, x_test, y_test,
                                                                   params["eval_batch_size"], placement.sync)
+                if held:
+                    validation = evaluate(evaluate_fn, *held, params["eval_batch_size"], placement.sync)
             else:  # only rank 0 evaluates
                 test_loss = test_accuracy = test_seconds = None
         diverged = not math.isfinite(loss)
         log.epoch(epoch=epoch, steps=steps, train_loss=loss, train_accuracy=accuracy, test_loss=test_loss,
-                  test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds)
+                  test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds,
+                  validation=validation)
         if diverged:
             notes.append(f"training loss became {loss} in epoch {epoch}; stopped")
-            return TrainOutcome(diverged=True, notes=notes, model=net,
-                                peak_device_memory_bytes=placement.peak_memory())
+            return outcome(diverged=True)
+        if log.should_stop(patience):
+            return outcome(stopped_early=True)
         epoch += 1
     exchange = None
     if ctx.distributed:
         with placement.scope():
-            exchange = _exchange_probe(net.model, placement.strategy, x_train, y_train, batch, dataset.shape,
+            probe_x, probe_y = feed.probe_batch(batch)
+            exchange = _exchange_probe(net.model, placement.strategy, probe_x, probe_y, batch, dataset.shape,
                                        params["layout"], log)
-    return TrainOutcome(notes=notes, model=net, peak_device_memory_bytes=placement.peak_memory(),
-                        exchange=exchange)
+    return outcome(exchange=exchange)
 
 
 def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
@@ -281,7 +297,8 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
         upstream = tape.gradient(loss, outputs) if training else [None] * len(outputs)
         del tape
-        ops = [_layer_op(unit, tf.identity(inputs[i]), upstream[i], first=i == 0, training=training)
+        skip_first = setting(params, "first_layer_backward") == "skip"
+        ops = [_layer_op(unit, tf.identity(inputs[i]), upstream[i], first=i == 0 and skip_first, training=training)
                for i, unit in enumerate(net.units)]
     return LayerOps(ops=ops, images=int(x.shape[0]), sync=placement.sync)
 
@@ -515,22 +532,29 @@ def _signature(shape: tuple[int, int, int], layout: str) -> Any:
 
 
 def train_step(model: Any, optimizer: Any, weight_decay: float, shape: tuple[int, int, int], layout: str,
-               strategy: Any = None, local_results: bool = False) -> Callable[[Any, Any], tuple[Any, Any]]:
+               strategy: Any = None, local_results: bool = False,
+               input_gradient: bool = False) -> Callable[..., tuple[Any, ...]]:
     """``step(x, y) -> (summed loss, correct count)``: forward, loss, backward, update, one graph.
 
     With a MirroredStrategy each replica takes every n-th sample of the batch; the loss is
     divided by the whole batch so that the optimizer's all-reduce (sum) gives the mean.
     ``local_results`` (multi-worker): the loss and count of this worker's replica, not summed
     over the workers (which would be one more collective inside every step).
+    ``input_gradient`` (``first_layer_backward = "full"``): the tape watches the input and
+    the gradient is taken with respect to it too (the first layer's backward-data pass, which
+    TensorFlow 1 always ran); a third output, 1 when that gradient has a non-zero element,
+    consumes it, so that graph pruning cannot drop it.
     """
     variables = model.trainable_variables
     replicas = strategy.num_replicas_in_sync if strategy is not None else 1
 
-    def replica_step(x: Any, y: Any, total: Any) -> tuple[Any, Any]:
+    def replica_step(x: Any, y: Any, total: Any) -> tuple[Any, ...]:
         if strategy is not None:
             ctx = tf.distribute.get_replica_context()
             x, y = x[ctx.replica_id_in_sync_group::replicas], y[ctx.replica_id_in_sync_group::replicas]
         with tf.GradientTape() as tape:
+            if input_gradient:
+                tape.watch(x)
             logits = tf.cast(model(x, training=True), tf.float32)
             loss_sum = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
             loss = loss_sum / total
@@ -538,22 +562,32 @@ def train_step(model: Any, optimizer: Any, weight_decay: float, shape: tuple[int
                 l2 = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables])
                 loss = loss + 0.5 * weight_decay * l2 / replicas
             scaled = optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, variables)
+        if input_gradient:
+            *grads, x_grad = tape.gradient(scaled, [*variables, x])
+        else:
+            grads = tape.gradient(scaled, variables)
         optimizer.apply(grads, variables)
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.int64))
+        if input_gradient:
+            return loss_sum, correct, tf.cast(tf.reduce_any(tf.not_equal(x_grad, 0)), tf.int64)
         return loss_sum, correct
 
     @tf.function(input_signature=[_signature(shape, layout), tf.TensorSpec([None], tf.int64)])
-    def step(x: Any, y: Any) -> tuple[Any, Any]:
+    def step(x: Any, y: Any) -> tuple[Any, ...]:
         total = tf.cast(tf.shape(y)[0], tf.float32)
         if strategy is None:
             return replica_step(x, y, total)
-        loss_sum, correct = strategy.run(replica_step, args=(x, y, total))
+        results = strategy.run(replica_step, args=(x, y, total))
+        loss_sum, correct = results[:2]
         if local_results:
-            return (tf.add_n(strategy.experimental_local_results(loss_sum)),
-                    tf.add_n(strategy.experimental_local_results(correct)))
-        return (strategy.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None),
-                strategy.reduce(tf.distribute.ReduceOp.SUM, correct, axis=None))
+            out = (tf.add_n(strategy.experimental_local_results(loss_sum)),
+                   tf.add_n(strategy.experimental_local_results(correct)))
+        else:
+            out = (strategy.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None),
+                   strategy.reduce(tf.distribute.ReduceOp.SUM, correct, axis=None))
+        if input_gradient:  # 1 when every replica of this process computed it
+            out += (tf.reduce_min(tf.stack(strategy.experimental_local_results(results[2]))),)
+        return out
 
     return step
 
@@ -576,39 +610,58 @@ def predict_step(model: Any, shape: tuple[int, int, int], layout: str) -> Callab
     return step
 
 
-def _train_epoch(step: Callable[[Any, Any], tuple[Any, Any]], x: Any, y: Any, *, epoch: int, seed: int,
+def _train_epoch(step: Callable[..., tuple[Any, ...]], x: Any, y: Any, *, epoch: int, seed: int,
                  batch_size: int, budget: int | None, sync: Callable[[], None],
                  record: Callable[[StepSample], None],
-                 ctx: distributed.Context | None = None) -> tuple[int, float, float, float]:
+                 ctx: distributed.Context | None = None, feed: Feed | None = None,
+                 gradients: list[int] | None = None) -> tuple[int, float, float, float]:
     """One pass (or ``budget`` steps) over the shuffled data: (steps, loss, accuracy, seconds).
 
-    Only the ``step`` call (and, on a GPU, the device sync) sits between the two clock
-    readings; the per-batch loss sums and correct counts stay tensors until the epoch ends.
-    A worker of a multi-worker cell (``ctx``): ``batch_size`` is the global batch, every worker
-    passes the same one and its replica takes its share; loss and accuracy are its own.
+    Preloaded data: only the ``step`` call (and, on a GPU, the device sync) sits between the
+    two clock readings.  A loader (``feed.pipeline``): the ``next`` of the epoch's tf.data
+    iterator comes first, inside the clock.  The per-batch loss sums and correct counts stay
+    tensors until the epoch ends.  A worker of a multi-worker cell (``ctx``): ``batch_size``
+    is the global batch, every worker passes the same one and its replica takes its share;
+    loss and accuracy are its own.  ``gradients`` (``first_layer_backward = "full"``): the
+    step's third output (1: the input's gradient was computed) is summed into ``gradients[0]``.
     """
     ctx = ctx or distributed.Context()
     t_epoch = time.perf_counter()
     n = int(y.shape[0])
-    order = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed=[seed, epoch])
-    xs, ys = tf.gather(x, order), tf.gather(y, order)
     starts = distributed.batch_starts(n, batch_size, ctx.world, budget)
     if not starts and ctx.distributed:
         raise HarnessError(f"the training set ({n} samples) is smaller than the {ctx.world} workers")
-    sums, counts = [], []
+    if feed is not None and feed.pipeline is not None:
+        batches = feed.epoch(len(starts))
+        fetch = lambda start, size: next(batches)  # noqa: E731  (the pipeline's batches are the starts')
+    else:
+        order = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed=[seed, epoch])
+        xs, ys = tf.gather(x, order), tf.gather(y, order)
+        fetch = None
+    sums, counts, computed = [], [], []
     seen = 0
     for start, size in starts:
-        xb, yb = xs[start:start + size], ys[start:start + size]
-        t0 = time.perf_counter()
-        loss_sum, correct = step(xb, yb)
+        if fetch is None:
+            xb, yb = xs[start:start + size], ys[start:start + size]
+            t0 = time.perf_counter()
+        else:
+            t0 = time.perf_counter()
+            xb, yb = fetch(start, size)
+        results = step(xb, yb)
         sync()
         t1 = time.perf_counter()
         record((epoch, t0, t1, ctx.recorded_images(size)))
-        sums.append(loss_sum)
-        counts.append(correct)
+        sums.append(results[0])
+        counts.append(results[1])
+        if gradients is not None:
+            computed.append(results[2])
         seen += distributed.local_count(size, ctx.rank, ctx.world)
     loss_value = float(tf.add_n(sums).numpy()) if sums else math.nan
     correct_value = int(tf.add_n(counts).numpy()) if counts else 0
+    if computed:
+        gradients[0] += int(tf.add_n(computed).numpy())  # type: ignore[index]
+    if feed is not None:
+        feed.end_epoch()
     seconds = time.perf_counter() - t_epoch
     return len(sums), loss_value / seen, correct_value / seen, seconds
 
@@ -685,6 +738,10 @@ def evaluate(step: Callable[[Any, Any], tuple[Any, Any]], x: Any, y: Any, batch_
 
 
 def _layer_op(unit: Any, x: Any, upstream: Any, *, first: bool, training: bool) -> LayerOp:
+    """Forward and backward of one layer, each a ``tf.function``.  The backward replays the
+    tape recorded once here; as a graph, the gradients nobody asks for are pruned: eagerly,
+    TensorFlow's Conv2D gradient always computes the input gradient too, so the first layer's
+    backward would include it even when ``first`` (the input needs none) says skip it."""
     forward = tf.function(lambda: unit(x, training=training))
     if not training:
         return LayerOp(forward=forward)
@@ -694,10 +751,112 @@ def _layer_op(unit: Any, x: Any, upstream: Any, *, first: bool, training: bool) 
     sources = ([] if first else [x]) + list(unit.trainable_variables)
     if not sources:  # nothing to differentiate (the first layer without weights): nothing to time
         return LayerOp(forward=forward, backward=lambda: None)
-    return LayerOp(forward=forward, backward=lambda: tape.gradient(y, sources, output_gradients=upstream))
+    return LayerOp(forward=forward, backward=tf.function(lambda: tape.gradient(y, sources, output_gradients=upstream)))
 
 
 # --- data ------------------------------------------------------------------------------
+
+
+class Feed:
+    """What feeds the training steps (``input_pipeline``).
+
+    ``preloaded``: ``x`` / ``y`` are the normalised training tensors; each epoch gathers them
+    in a ``stateless_shuffle`` order and slices batches.  ``loader``: ``x`` is the stored uint8
+    images, and ``pipeline`` a tf.data pipeline over them —
+    ``from_tensor_slices`` → ``shuffle`` (the whole split, seeded, reshuffled every epoch) →
+    ``map`` (the per-sample conversion: float, /255, mean 0.5 / std 0.5, NHWC when asked) →
+    ``batch`` → ``prefetch``.  ``loader_workers`` N > 0: the map runs on N threads
+    (``num_parallel_calls = N``, order kept), in a private pool of N threads
+    (``threading.private_threadpool_size``), and ``prefetch(2·N)`` keeps 2 batches per
+    thread ready (a torch DataLoader's ``prefetch_factor``); 0: in the training process's
+    call — a sequential map, no prefetch, tf.data's autotuning and injected prefetch off.
+    A fixed, stated parallelism rather than AUTOTUNE, so that cells compare.
+    Each epoch's iterator is made before its first step; each ``next`` runs inside the
+    step's clock.
+    """
+
+    def __init__(self, params: dict[str, Any], split: Split, shape: tuple[int, int, int], batch: int) -> None:
+        self.layout, self.shape = params["layout"], shape
+        self.workers = setting(params, "loader_workers")
+        self.pipeline: Any = None
+        self.batches = 0
+        if setting(params, "input_pipeline") != "loader":
+            self.x, self.y = tensors(split, shape, params["layout"])
+            return
+        with tf.device("/CPU:0"):  # the pipeline runs on the host, whatever the model's device
+            self.x, self.y = pixels(split, shape)
+            ds = tf.data.Dataset.from_tensor_slices((self.x, self.y))
+            ds = ds.shuffle(split.count, seed=params["seed"], reshuffle_each_iteration=True)
+            ds = ds.map(self._convert, num_parallel_calls=self.workers or None, deterministic=True)
+            ds = ds.batch(batch)
+            if self.workers:
+                ds = ds.prefetch(2 * self.workers)
+            options = tf.data.Options()
+            options.deterministic = True
+            if self.workers:
+                options.threading.private_threadpool_size = self.workers
+            else:
+                options.autotune.enabled = False
+                options.experimental_optimization.inject_prefetch = False
+            self.pipeline = ds.with_options(options)
+
+    def _convert(self, image: Any, label: Any) -> tuple[Any, Any]:
+        x = (tf.cast(image, tf.float32) / 255.0 - 0.5) / 0.5
+        if self.layout == "nhwc":
+            x = tf.transpose(x, (1, 2, 0))
+        return x, label
+
+    def epoch(self, steps: int) -> Any:
+        """The epoch's first ``steps`` batches, as an iterator whose ``next`` fetches one."""
+        with tf.device("/CPU:0"):
+            self._iterator = iter(self.pipeline.take(steps))
+        return self._fetch(self._iterator)
+
+    def _fetch(self, iterator: Any) -> Any:
+        for xb, yb in iterator:
+            self.batches += 1
+            yield xb, yb
+
+    def end_epoch(self) -> None:
+        """After an epoch's steps: let its iterator go (and the pipeline's threads with it)."""
+        self._iterator = None
+
+    def dataset_ops(self) -> list[str] | None:
+        """The tf.data ops of the pipeline that ran, from its serialized graph (a private
+        TensorFlow method: None where it is missing)."""
+        try:
+            graph = tf.compat.v1.GraphDef()
+            graph.ParseFromString(self.pipeline._as_serialized_graph().numpy())
+        except (AttributeError, TypeError, ValueError):
+            return None
+        return [node.op for node in graph.node if "Dataset" in node.op]
+
+    def probe_batch(self, size: int) -> tuple[Any, Any]:
+        """Normalised tensors holding at least the first ``size`` samples (the exchange probe)."""
+        if self.pipeline is None:
+            return self.x, self.y
+        x = (tf.cast(self.x[:size], tf.float32) / 255.0 - 0.5) / 0.5
+        if self.layout == "nhwc":
+            x = tf.transpose(x, (0, 2, 3, 1))
+        return x, self.y[:size]
+
+    def describe(self) -> dict[str, Any]:
+        """The summary's ``input_pipeline``: what really fed the steps."""
+        if self.pipeline is None:
+            return {"kind": "preloaded"}
+        return {"kind": "loader", "implementation": "tf.data: from_tensor_slices, shuffle, map, batch"
+                + (", prefetch" if self.workers else ""), "workers": self.workers,
+                "num_parallel_calls": self.workers or None, "prefetch": 2 * self.workers or None,
+                "element_spec": str(self.pipeline.element_spec), "batches": self.batches,
+                "dataset_ops": self.dataset_ops()}
+
+
+def pixels(split: Split, shape: tuple[int, int, int]) -> tuple[Any, Any]:
+    """The split as it is stored: uint8 images (N, C, H, W) and int64 labels."""
+    images = tf.reshape(tf.io.decode_raw(tf.constant(bytes(split.images)), tf.uint8), (split.count, *shape))
+    y = tf.io.decode_raw(tf.constant(split.labels.tobytes()), tf.int64, little_endian=sys.byteorder == "little")
+    return tf.identity(images), tf.identity(y)
+
 
 
 def tensors(split: Split, shape: tuple[int, int, int], layout: str) -> tuple[Any, Any]:

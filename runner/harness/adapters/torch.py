@@ -5,7 +5,11 @@ named after it), so their parameter counts equal ``models.param_count`` by const
 Data: pixels / 255, then normalised with mean 0.5 and std 0.5 (values in [-1, 1]) for
 every dataset, so that the same cell means the same input across datasets and frameworks.
 Each epoch reshuffles the whole training set with a seeded ``torch.Generator`` and slices
-batches out of it; the last partial batch is kept.  No DataLoader, no worker processes.
+batches out of it; the last partial batch is kept.  With ``input_pipeline = "loader"`` a
+``torch.utils.data.DataLoader`` (``loader_workers`` worker processes) fetches the same batches
+from the stored bytes, converting each sample as it goes, inside the step's clock (``_Feed``).
+``first_layer_backward = "full"``: each batch requires a gradient, so backward also computes
+the first layer's input gradient (autograd skips it otherwise).
 
 Multi-worker cells (``workers`` × ``nodes`` > 1, started by the launcher): one process per
 worker, ``DistributedDataParallel`` over a process group (gloo on the CPU, NCCL on GPUs,
@@ -45,6 +49,7 @@ from ..datasets import Dataset, Split
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS, Layer, block_layers, forward_flops, walk
+from ..spec import setting
 from . import TrainOutcome
 
 NAME = "torch"
@@ -133,12 +138,20 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         return _train_workers(params, dataset, log, distributed.current())
     device = _device(params)
     _reset_peak_memory(device, params)
-    x_train, y_train = _tensors(dataset.train, dataset.shape, device, params["layout"])
+    feed = _Feed(params, dataset.train, dataset.shape, device)
+    x_train, y_train = feed.x, feed.y
     x_test, y_test = _tensors(dataset.test, dataset.shape, device, params["layout"])
+    held = _tensors(dataset.validation, dataset.shape, device, params["layout"]) if dataset.validation else None
     model = _placed(build(params["model"], dataset.shape, dataset.classes), params, device)
     _emit_model(log, params, dataset, model)
     optimizer, loss_fn, generator, amp, scaler = _training_kit(params, model, device)
-    iterations = params["iterations"]
+    iterations, patience = params["iterations"], setting(params, "early_stopping")
+    full = setting(params, "first_layer_backward") == "full"
+    gradients = [0]  # steps whose backward produced the input's gradient
+
+    def outcome(**more: Any) -> TrainOutcome:
+        return TrainOutcome(model=model, peak_device_memory_bytes=_peak_memory(device, params),
+                            input_gradient_steps=gradients[0], input_pipeline=feed.describe(), **more)
 
     epoch, done = 0, 0
     while (done < iterations) if iterations else (epoch < params["epochs"]):
@@ -146,17 +159,20 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         steps, loss, accuracy, seconds = _train_epoch(
             model, optimizer, loss_fn, x_train, y_train, epoch=epoch, batch_size=params["batch_size"],
             budget=budget, generator=generator, record=log.steps.append, amp=amp, scaler=scaler,
-            channels_last=params["layout"] == "nhwc")
+            channels_last=params["layout"] == "nhwc", feed=feed, input_grad=full, gradients=gradients)
         done += steps
         test_loss, test_accuracy, test_seconds = evaluate(model, x_test, y_test, params["eval_batch_size"], amp=amp)
+        validation = evaluate(model, *held, params["eval_batch_size"], amp=amp) if held else None
         diverged = not math.isfinite(loss)
         log.epoch(epoch=epoch, steps=steps, train_loss=loss, train_accuracy=accuracy, test_loss=test_loss,
-                  test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds)
+                  test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds,
+                  validation=validation)
         if diverged:
-            return TrainOutcome(diverged=True, notes=[f"training loss became {loss} in epoch {epoch}; stopped"],
-                                model=model, peak_device_memory_bytes=_peak_memory(device, params))
+            return outcome(diverged=True, notes=[f"training loss became {loss} in epoch {epoch}; stopped"])
+        if log.should_stop(patience):
+            return outcome(stopped_early=True)
         epoch += 1
-    return TrainOutcome(model=model, peak_device_memory_bytes=_peak_memory(device, params))
+    return outcome()
 
 
 def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
@@ -216,9 +232,10 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: nn.Module) -> Lay
         upstream = list(torch.autograd.grad(loss, outputs))
 
     ops = []
+    skip_first = setting(params, "first_layer_backward") == "skip"
     for i, layer in enumerate(layers):
         inp = (x if i == 0 else outputs[i - 1]).detach()
-        ops.append(_layer_op(layer, inp, upstream[i], first=i == 0, training=training, ctx=ctx))
+        ops.append(_layer_op(layer, inp, upstream[i], first=i == 0 and skip_first, training=training, ctx=ctx))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     return LayerOps(ops=ops, images=len(x), sync=sync)
 
@@ -294,8 +311,13 @@ def _train_workers(params: dict[str, Any], dataset: Dataset, log: EventLog,
     model = None
     try:
         _reset_peak_memory(device, {**params, "gpus": 1})
-        x_train, y_train = _tensors(dataset.train, dataset.shape, device, params["layout"])
+        feed = _Feed(params, dataset.train, dataset.shape, device)
+        x_train, y_train = feed.x, feed.y
         x_test, y_test = _tensors(dataset.test, dataset.shape, device, params["layout"])
+        held = (_tensors(dataset.validation, dataset.shape, device, params["layout"])
+                if dataset.validation and ctx.chief else None)
+        full = setting(params, "first_layer_backward") == "full"
+        gradients = [0]
         net = build(params["model"], dataset.shape, dataset.classes).to(device)
         if params["layout"] == "nhwc":
             net = net.to(memory_format=torch.channels_last)
@@ -315,25 +337,31 @@ def _train_workers(params: dict[str, Any], dataset: Dataset, log: EventLog,
             steps, loss, accuracy, seconds = _train_epoch_worker(
                 model, optimizer, loss_fn, x_train, y_train, ctx, starts, epoch=epoch, generator=generator,
                 record=log.steps.append, timer=timer, amp=amp, scaler=scaler,
-                channels_last=params["layout"] == "nhwc")
+                channels_last=params["layout"] == "nhwc", feed=feed, input_grad=full, gradients=gradients)
             done += steps
+            validation = None
             if ctx.chief:
                 test_loss, test_accuracy, test_seconds = evaluate(net, x_test, y_test, params["eval_batch_size"],
                                                                   amp=amp)
+                validation = evaluate(net, *held, params["eval_batch_size"], amp=amp) if held else None
             else:
                 test_loss = test_accuracy = test_seconds = None
             log.epoch(epoch=epoch, steps=steps, train_loss=loss, train_accuracy=accuracy, test_loss=test_loss,
-                      test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds)
+                      test_accuracy=test_accuracy, epoch_seconds=seconds, test_seconds=test_seconds,
+                      validation=validation)
             if not math.isfinite(loss):
                 return TrainOutcome(diverged=True, notes=[f"training loss became {loss} in epoch {epoch}; stopped"],
                                     model=net, peak_device_memory_bytes=_peak_memory(device, {**params, "gpus": 1}),
-                                    exchange=_exchange(timer, log, None))
+                                    exchange=_exchange(timer, log, None), input_gradient_steps=gradients[0],
+                                    input_pipeline=feed.describe())
             epoch += 1
         checksum = weights_checksum(net)  # before the probe's passes (no update, but to be plain)
-        probe = _exchange_probe(model, loss_fn, x_train, y_train, ctx, batch, amp=amp)
+        probe_x, probe_y = feed.probe_batch(batch)
+        probe = _exchange_probe(model, loss_fn, probe_x, probe_y, ctx, batch, amp=amp)
         return TrainOutcome(model=net, peak_device_memory_bytes=_peak_memory(device, {**params, "gpus": 1}),
                             exchange=_exchange(timer, log, {**probe, "weights_checksum": checksum},
-                                               backend=backend))
+                                               backend=backend),
+                            input_gradient_steps=gradients[0], input_pipeline=feed.describe())
     finally:
         # The DDP wrapper (its reducer holds the comm hook's Python callbacks) must go before the
         # process group: left to the interpreter's exit, it aborted now and then ("terminate
@@ -347,30 +375,48 @@ def _train_epoch_worker(model: nn.Module, optimizer: torch.optim.Optimizer, loss
                         x: torch.Tensor, y: torch.Tensor, ctx: distributed.Context, starts: list[tuple[int, int]], *,
                         epoch: int, generator: torch.Generator, record: Callable[[StepSample], None],
                         timer: _ExchangeTimer, amp: ContextManager[Any] | None = None,
-                        scaler: Any = None, channels_last: bool = False) -> tuple[int, float, float, float]:
+                        scaler: Any = None, channels_last: bool = False, feed: _Feed | None = None,
+                        input_grad: bool = False, gradients: list[int] | None = None
+                        ) -> tuple[int, float, float, float]:
     """``_train_epoch`` of one worker: the global batch at each start, this worker's
     ``[rank::world]`` of it; the loss is divided by the global batch size (``n_local /
     n_global`` × the local mean) and the gradients summed over the workers: the global mean.
-    Running loss and accuracy are this worker's."""
-    sync = x.device.type == "cuda"
+    Running loss and accuracy are this worker's.  A loader (``feed.loader``) fetches this
+    worker's share of each global batch inside the step's clock; ``input_grad`` as in
+    ``_train_epoch``."""
+    device = feed.device if feed is not None else x.device
+    sync = device.type == "cuda"
     model.train()
     t_epoch = time.perf_counter()
-    xs, ys = _shuffled(x, y, generator, channels_last)
-    loss_sum = torch.zeros((), device=x.device)
-    correct = torch.zeros((), dtype=torch.int64, device=x.device)
+    if feed is not None and feed.loader is not None:
+        batches = feed.epoch(starts, generator, rank=ctx.rank, world=ctx.world, input_grad=input_grad)
+        fetch = lambda start, size: next(batches)  # noqa: E731  (the loader's order is the starts')
+    else:
+        xs, ys = _shuffled(x, y, generator, channels_last)
+        fetch = None
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
     seen = 0
     for start, size in starts:
-        xb = xs[start + ctx.rank:start + size:ctx.world].contiguous(
-            memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-        yb = ys[start + ctx.rank:start + size:ctx.world].contiguous()
+        if fetch is None:
+            xb = xs[start + ctx.rank:start + size:ctx.world].contiguous(
+                memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+            yb = ys[start + ctx.rank:start + size:ctx.world].contiguous()
+            if input_grad:
+                xb = xb.detach().requires_grad_(True)
+            t0 = time.perf_counter()
+        else:
+            t0 = time.perf_counter()
+            xb, yb = fetch(start, size)
         share = len(yb) / size
-        t0 = time.perf_counter()
         out, loss = _train_step(model, loss_fn, optimizer, amp, scaler, xb, yb, share, sync)
         t1 = time.perf_counter()
         record((epoch, t0, t1, ctx.recorded_images(size)))
         timer.end_step()
         loss_sum += loss.detach() * len(yb)
         correct += (out.detach().argmax(1) == yb).sum()
+        if input_grad and gradients is not None and xb.grad is not None:
+            gradients[0] += 1
         seen += len(yb)
     loss_value, correct_value = loss_sum.item(), correct.item()
     seconds = time.perf_counter() - t_epoch
@@ -573,29 +619,59 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn
                  x: torch.Tensor, y: torch.Tensor, *, epoch: int, batch_size: int, budget: int | None,
                  generator: torch.Generator, record: Callable[[StepSample], None],
                  amp: ContextManager[Any] | None = None, scaler: torch.amp.GradScaler | None = None,
-                 channels_last: bool = False) -> tuple[int, float, float, float]:
+                 channels_last: bool = False, feed: _Feed | None = None, input_grad: bool = False,
+                 gradients: list[int] | None = None) -> tuple[int, float, float, float]:
     """One pass (or ``budget`` steps) over the shuffled data: (steps, loss, accuracy, seconds).
 
-    Only zero_grad + forward + backward + step sit between the two clock readings; the
-    running loss and accuracy stay on the device and are read once, at the end.
+    Preloaded data: only zero_grad + forward + backward + step sit between the two clock
+    readings.  A loader (``feed.loader``): fetching the batch from the DataLoader (and moving
+    it to the device) comes first, inside the clock.  The running loss and accuracy stay on
+    the device and are read once, at the end.  ``input_grad`` (``first_layer_backward =
+    "full"``): the batch requires a gradient, so backward computes the first layer's input
+    gradient too; ``gradients[0]`` counts the steps that produced one.
     """
-    sync = x.device.type == "cuda"
+    device = feed.device if feed is not None else x.device
+    sync = device.type == "cuda"
     model.train()
     t_epoch = time.perf_counter()
-    xs, ys = _shuffled(x, y, generator, channels_last)
     stop = len(y) if budget is None else min(len(y), budget * batch_size)
-    loss_sum = torch.zeros((), device=x.device)
-    correct = torch.zeros((), dtype=torch.int64, device=x.device)
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
     steps = 0
-    for start in range(0, stop, batch_size):
-        xb, yb = xs[start:start + batch_size], ys[start:start + batch_size]
-        t0 = time.perf_counter()
-        out, loss = _train_step(model, loss_fn, optimizer, amp, scaler, xb, yb, 1.0, sync)
-        t1 = time.perf_counter()
-        record((epoch, t0, t1, len(yb)))
+
+    def account(out: torch.Tensor, loss: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> None:
+        nonlocal loss_sum, correct
         loss_sum += loss.detach() * len(yb)
         correct += (out.detach().argmax(1) == yb).sum()
-        steps += 1
+        if input_grad and gradients is not None and xb.grad is not None:
+            gradients[0] += 1
+
+    if feed is not None and feed.loader is not None:
+        batches = feed.epoch([(start, min(batch_size, len(y) - start)) for start in range(0, stop, batch_size)],
+                             generator, input_grad=input_grad)
+        while True:
+            t0 = time.perf_counter()
+            batch = next(batches, None)
+            if batch is None:
+                break
+            xb, yb = batch
+            out, loss = _train_step(model, loss_fn, optimizer, amp, scaler, xb, yb, 1.0, sync)
+            t1 = time.perf_counter()
+            record((epoch, t0, t1, len(yb)))
+            account(out, loss, xb, yb)
+            steps += 1
+    else:
+        xs, ys = _shuffled(x, y, generator, channels_last)
+        for start in range(0, stop, batch_size):
+            xb, yb = xs[start:start + batch_size], ys[start:start + batch_size]
+            if input_grad:
+                xb = xb.detach().requires_grad_(True)
+            t0 = time.perf_counter()
+            out, loss = _train_step(model, loss_fn, optimizer, amp, scaler, xb, yb, 1.0, sync)
+            t1 = time.perf_counter()
+            record((epoch, t0, t1, len(yb)))
+            account(out, loss, xb, yb)
+            steps += 1
     seen = min(stop, len(y))
     loss_value, correct_value = loss_sum.item(), correct.item()
     seconds = time.perf_counter() - t_epoch
@@ -697,6 +773,114 @@ def _tensors(split: Split, shape: tuple[int, int, int], device: torch.device, la
     if layout == "nhwc":
         x = x.contiguous(memory_format=torch.channels_last)
     return x, y.to(device)
+
+
+def _pixels(split: Split, shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split as it is stored: uint8 images (N, C, H, W) and int64 labels, on the CPU."""
+    x = torch.frombuffer(bytearray(split.images), dtype=torch.uint8).view(split.count, *shape)
+    y = torch.frombuffer(bytearray(split.labels), dtype=torch.int64).clone()
+    return x, y
+
+
+class _Images(torch.utils.data.Dataset):
+    """What the loader reads: the stored bytes, each sample converted when it is fetched —
+    float, /255, mean 0.5 / std 0.5 (torchvision's ``ToTensor`` + ``Normalize``), the same
+    numbers as the preloaded tensors."""
+
+    def __init__(self, pixels: torch.Tensor, labels: torch.Tensor) -> None:
+        self.pixels, self.labels = pixels, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pixels[index].to(torch.float32).div_(255.0).sub_(0.5).div_(0.5), self.labels[index]
+
+
+def _collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The batch, stacked, and the id of the loader worker that made it (-1: the training process)."""
+    info = torch.utils.data.get_worker_info()
+    return (torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples]),
+            -1 if info is None else info.id)
+
+
+class _Batches(torch.utils.data.Sampler):
+    """The loader's batch sampler: the index lists of the current epoch, set by ``_Feed.epoch``."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class _Feed:
+    """What feeds the training steps (``input_pipeline``).
+
+    ``preloaded``: ``x`` / ``y`` are the normalised training tensors on the device; the epoch
+    loop slices them.  ``loader``: ``x`` / ``y`` are the stored uint8 images and labels (CPU)
+    and ``loader`` a ``torch.utils.data.DataLoader`` over them with ``loader_workers`` worker
+    processes (0: in this process), whose batch sampler is set each epoch from the same seeded
+    permutation the preloaded path draws — so both paths train on the same batches; the
+    epoch's iterator (which starts the workers, ``persistent_workers`` off as by default) is
+    made before the first step, each batch is fetched inside its step's clock.
+    """
+
+    def __init__(self, params: dict[str, Any], split: Split, shape: tuple[int, int, int],
+                 device: torch.device) -> None:
+        self.device, self.shape = device, shape
+        self.channels_last = params["layout"] == "nhwc"
+        self.workers = setting(params, "loader_workers")
+        self.loader: Any = None
+        self.seen: dict[int, int] = {}  # loader worker id (-1: this process) -> batches it made
+        self.batches = 0
+        if setting(params, "input_pipeline") != "loader":
+            self.x, self.y = _tensors(split, shape, device, params["layout"])
+            return
+        self.x, self.y = _pixels(split, shape)
+        self.sampler = _Batches()
+        self.loader = torch.utils.data.DataLoader(
+            _Images(self.x, self.y), batch_sampler=self.sampler, num_workers=self.workers,
+            collate_fn=_collate, pin_memory=device.type == "cuda",
+            # its own generator: the workers' base seed must not draw from the model's RNG
+            generator=torch.Generator().manual_seed(params["seed"]))
+
+    def epoch(self, starts: list[tuple[int, int]], generator: torch.Generator, *, rank: int = 0,
+              world: int = 1, input_grad: bool = False) -> Any:
+        """The epoch's batches (this worker's ``[rank::world]`` share of each global batch at
+        ``starts``), on the device, as an iterator whose ``next`` fetches one."""
+        order = torch.randperm(len(self.y), generator=generator).tolist()
+        self.sampler.batches = [order[start + rank:start + size:world] for start, size in starts]
+        return self._fetch(iter(self.loader), input_grad)
+
+    def _fetch(self, batches: Any, input_grad: bool) -> Any:
+        for xb, yb, worker in batches:
+            self.seen[worker] = self.seen.get(worker, 0) + 1
+            self.batches += 1
+            xb = xb.to(self.device, non_blocking=True)
+            if self.channels_last:
+                xb = xb.contiguous(memory_format=torch.channels_last)
+            if input_grad:
+                xb.requires_grad_(True)
+            yield xb, yb.to(self.device, non_blocking=True)
+
+    def probe_batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalised tensors on the device holding at least the first ``size`` samples."""
+        if self.loader is None:
+            return self.x, self.y
+        x, y = self.x[:size], self.y[:size]
+        return x.to(torch.float32).div_(255.0).sub_(0.5).div_(0.5).to(self.device), y.to(self.device)
+
+    def describe(self) -> dict[str, Any]:
+        """The summary's ``input_pipeline``: what really fed the steps."""
+        if self.loader is None:
+            return {"kind": "preloaded"}
+        return {"kind": "loader", "implementation": "torch.utils.data.DataLoader", "workers": self.workers,
+                "workers_seen": len([w for w in self.seen if w >= 0]), "batches": self.batches,
+                "batches_in_process": self.seen.get(-1, 0), "pin_memory": self.device.type == "cuda"}
 
 
 def _asked_device(params: dict[str, Any]) -> str:
