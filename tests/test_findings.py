@@ -213,7 +213,13 @@ STUDIES = {
         {"id": "without-along", "claim": "Bigger batches are less accurate", "cite": "Table XIX",
          "check": "trend", "x": "batch_size", "metric": "accuracy", "expect": "decreases"},
         {"id": "no-layers", "claim": "Convolutions take the largest share", "cite": "Fig 6",
-         "check": "largest_share"}], _along),
+         "check": "largest_share"},
+        {"id": "where-cpu", "claim": "On the CPU, bigger batches are less accurate", "cite": "Table XIX",
+         "check": "trend", "x": "batch_size", "metric": "accuracy", "expect": "decreases", "along": ["lr"],
+         "where": {"device": "cpu", "dataset": "fashion-mnist"}},
+        {"id": "where-gpu", "claim": "On a GPU, bigger batches are less accurate", "cite": "Table XIX",
+         "check": "trend", "x": "batch_size", "metric": "accuracy", "expect": "decreases", "along": ["lr"],
+         "where": {"device": "gpu"}}], _along),
 }
 
 
@@ -389,6 +395,11 @@ def test_along_leaves_zipped_parameters_out_of_the_configuration(warehouse: Path
         "reproduced", "along-b512", "along-b64")
     without = rows_of(warehouse, "A9-along", "without-along")  # lr differs: two configurations of one cell
     assert [r["verdict"] for r in without] == ["not enough data"] * 2
+    # `where`: only the cells with those values count; none on a GPU, so no configuration
+    (cpu,) = rows_of(warehouse, "A9-along", "where-cpu")
+    assert (cpu["verdict"], cpu["cell_id"], cpu["ref_cell_id"]) == ("reproduced", "along-b512", "along-b64")
+    (gpu,) = rows_of(warehouse, "A9-along", "where-gpu")
+    assert (gpu["verdict"], gpu["config"], gpu["cell_id"]) == ("not enough data", None, None)
     (layers,) = rows_of(warehouse, "A9-along", "no-layers")
     assert (layers["verdict"], layers["config"], layers["observed"]) == (
         "not enough data", None, "no ok run of this study's cells has a layer profile with conv layers")
@@ -435,7 +446,7 @@ def test_register_study_replaces_the_declaration_and_the_profiles_cells(tmp_path
     studies, findings, cells = _tables(path, "A6")
     assert studies == [("A6", "study A6", "000_x.txt", "Table XII", "cpu", 0, None, "studies/A6.toml", None)]
     assert [(f[0], f[1], f[3]) for f in findings] == [("a", 0, "oversubscription"), ("b", 1, "trend")]
-    assert json.loads(findings[0][4]) == {"x": "threads", "metric": "throughput", "along": []}
+    assert json.loads(findings[0][4]) == {"x": "threads", "metric": "throughput", "along": [], "where": None}
     assert cells == [(BASE_PROFILE, "c9"), ("quick", "c1"), ("quick", "c2")]
 
     second = _study("A6", [{"id": "c", "claim": "three", "cite": "T3", "check": "spread", "x": "threads"}],
@@ -508,12 +519,13 @@ def test_a_study_parses_with_its_defaults() -> None:
     assert errors == [] and decl is not None
     assert (decl.id, decl.needs, decl.gpus, decl.view, decl.paper) == ("A6", "cpu", 0, "thread_sweep", None)
     options = [dict(f.options) for f in decl.findings]
-    assert options[0] == {"x": "threads", "metric": "throughput", "along": []}
-    assert options[1] == {"x": "epochs", "metric": "train_s", "tolerance": 0.2, "along": []}
-    assert options[2] == {"x": "variant", "metric": "accuracy", "at_most": 1.0, "ref": "cpu", "along": []}
-    assert options[3] == {"kind": "conv"}
+    assert options[0] == {"x": "threads", "metric": "throughput", "along": [], "where": None}
+    assert options[1] == {"x": "epochs", "metric": "train_s", "tolerance": 0.2, "along": [], "where": None}
+    assert options[2] == {"x": "variant", "metric": "accuracy", "at_most": 1.0, "ref": "cpu", "along": [],
+                          "where": None}
+    assert options[3] == {"kind": "conv", "where": None}
     assert options[4] == {"x": "layout", "value": "nhwc", "ref": "nchw", "metric": "step_s",
-                          "expect": "differs", "about": 0.15, "tolerance": 0.1, "along": []}
+                          "expect": "differs", "about": 0.15, "tolerance": 0.1, "along": [], "where": None}
     assert set(CHECKS) == {"proportional", "trend", "oversubscription", "spread", "bounded", "option",
                            "largest_share", "sublinear"}
     gpu, errors = parse({"study": {"id": "B4", "title": "t", "needs": "gpu"}, "findings": [GOOD_FINDING]})
@@ -614,6 +626,14 @@ HOSTILE: list[tuple[str, dict[str, Any], tuple, str]] = [
      "lists x (threads) itself"),
     ("along not a list of parameters", {"study": GOOD_STUDY, "findings": [_finding(along="lr")]},
      ("findings", 0, "along"), "expected a list of at most 8 cell parameters"),
+    ("where not a table", {"study": GOOD_STUDY, "findings": [_finding(where="gpu")]},
+     ("findings", 0, "where"), "expected a table of at most 8 cell parameters = a value each"),
+    ("where of an unknown parameter", {"study": GOOD_STUDY, "findings": [_finding(where={"bogus": 1})]},
+     ("findings", 0, "where"), "expected a table of at most 8 cell parameters = a value each"),
+    ("where with a list value", {"study": GOOD_STUDY, "findings": [_finding(where={"device": ["cpu"]})]},
+     ("findings", 0, "where"), "expected a table of at most 8 cell parameters = a value each"),
+    ("where with a control character", {"study": GOOD_STUDY, "findings": [_finding(where={"device": "g\x1bpu"})]},
+     ("findings", 0, "where", "device"), "expected text without control characters"),
     ("kind", {"study": GOOD_STUDY, "findings": [{"id": "c", "claim": "c", "cite": "c", "check": "largest_share",
                                                   "kind": "Conv!"}]},
      ("findings", 0, "kind"), "expected a layer kind"),

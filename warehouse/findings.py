@@ -62,15 +62,15 @@ _REQUIRED = object()  # a check key without a default
 #: but ``kind`` is optional where a default is shown; ``along`` (parameters that vary
 #: together with x, e.g. zipped with it) and ``ref`` of ``bounded`` are matrun's additions.
 CHECKS: dict[str, dict[str, Any]] = {
-    "proportional": {"x": "epochs", "metric": "train_s", "tolerance": 0.2, "along": ()},
-    "trend": {"x": _REQUIRED, "metric": _REQUIRED, "expect": _REQUIRED, "along": ()},
-    "oversubscription": {"x": "threads", "metric": "throughput", "along": ()},
-    "spread": {"x": _REQUIRED, "metric": "train_s", "at_least": 1.5, "along": ()},
-    "bounded": {"x": _REQUIRED, "metric": "accuracy", "at_most": 1.0, "ref": None, "along": ()},
+    "proportional": {"x": "epochs", "metric": "train_s", "tolerance": 0.2, "along": (), "where": None},
+    "trend": {"x": _REQUIRED, "metric": _REQUIRED, "expect": _REQUIRED, "along": (), "where": None},
+    "oversubscription": {"x": "threads", "metric": "throughput", "along": (), "where": None},
+    "spread": {"x": _REQUIRED, "metric": "train_s", "at_least": 1.5, "along": (), "where": None},
+    "bounded": {"x": _REQUIRED, "metric": "accuracy", "at_most": 1.0, "ref": None, "along": (), "where": None},
     "option": {"x": _REQUIRED, "value": _REQUIRED, "ref": _REQUIRED, "metric": _REQUIRED,
-               "expect": _REQUIRED, "about": None, "tolerance": 0.1, "along": ()},
-    "largest_share": {"kind": "conv"},
-    "sublinear": {"x": "workers", "metric": "throughput", "along": ()},
+               "expect": _REQUIRED, "about": None, "tolerance": 0.1, "along": (), "where": None},
+    "largest_share": {"kind": "conv", "where": None},
+    "sublinear": {"x": "workers", "metric": "throughput", "along": (), "where": None},
 }
 FINDING_KEYS = ("id", "claim", "cite", "check")
 STUDY_KEYS = ("id", "title", "seed", "source", "needs", "gpus", "view")
@@ -343,6 +343,16 @@ def _check_option(check: str, key: str, value: Any, where: tuple[Any, ...], repo
         if isinstance(value, str) and _text(where, value, report, empty=False) is None:
             return _BAD
         return value
+    if key == "where":
+        if (not isinstance(value, dict) or not value or len(value) > MAX_ALONG
+                or not all(isinstance(k, str) and k in names and _scalar(v) for k, v in value.items())):
+            report(where, f"expected a table of at most {MAX_ALONG} cell parameters = a value each (the "
+                          f"cells the check looks at), got {_show(value)}")
+            return _BAD
+        for name, v in value.items():
+            if isinstance(v, str) and _text((*where, name), v, report, empty=False) is None:
+                return _BAD
+        return dict(value)
     if key == "along":
         if (not isinstance(value, list) or len(value) > MAX_ALONG
                 or not all(isinstance(v, str) and v in names for v in value)):

@@ -203,3 +203,9 @@ CREATE OR REPLACE MACRO fmt_x(x, v) AS
               AND TRY_CAST(v AS DOUBLE) IS NOT NULL
          THEN v || ' ' || CASE WHEN TRY_CAST(v AS DOUBLE) = 1 THEN left(x, length(x) - 1) ELSE x END
          ELSE x || '=' || v END;
+
+-- Whether a cell's parameters (p, JSON) have every value a finding's `where` table names (w,
+-- a JSON object, or NULL: every cell), compared as JSON text (docs/WAREHOUSE.md "Findings").
+CREATE OR REPLACE MACRO params_match(p, w) AS
+    w IS NULL OR len(list_filter(json_keys(w),
+        lambda k: json_extract_string(p, '$."' || k || '"') IS DISTINCT FROM json_extract_string(w, '$."' || k || '"'))) = 0;

@@ -46,7 +46,8 @@ WITH f AS (
         TRY_CAST(d.options ->> 'tolerance' AS DOUBLE)                        AS tolerance,
         TRY_CAST(d.options ->> 'at_least' AS DOUBLE)                         AS at_least,
         TRY_CAST(d.options ->> 'at_most' AS DOUBLE)                          AS at_most,
-        TRY_CAST(d.options ->> 'about' AS DOUBLE)                            AS about
+        TRY_CAST(d.options ->> 'about' AS DOUBLE)                            AS about,
+        CASE WHEN json_type(d.options, '$.where') = 'OBJECT' THEN d.options -> 'where' END AS where_obj
     FROM study_findings AS d
     JOIN studies AS s USING (study)
 ),
@@ -102,7 +103,7 @@ cells AS (
     JOIN sc USING (study)
     JOIN cs AS c USING (cell_id)
     LEFT JOIN run_values AS v USING (cell_id)
-    WHERE f.check_kind <> 'largest_share'
+    WHERE f.check_kind <> 'largest_share' AND params_match(c.params, f.where_obj)
 ),
 configured AS (
     SELECT *,
@@ -298,7 +299,8 @@ shares AS (
     FROM f
     JOIN sc USING (study)
     JOIN layer_runs AS lr USING (cell_id)
-    WHERE f.check_kind = 'largest_share'
+    JOIN cs AS c USING (cell_id)
+    WHERE f.check_kind = 'largest_share' AND params_match(c.params, f.where_obj)
 ),
 share_cells AS (
     SELECT study, finding, cell_id, any_value(kind) AS kind,
