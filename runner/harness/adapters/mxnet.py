@@ -48,7 +48,9 @@ from __future__ import annotations
 import math
 import os
 import random
+import signal
 import statistics
+import threading
 import time
 from typing import Any, Callable
 
@@ -60,6 +62,9 @@ from ..events import EventLog
 from ..layers import LayerOp, LayerOps
 from ..spec import setting
 from . import TrainOutcome
+
+#: Seconds ``Feed.close`` waits for the loader's worker pool to stop before killing it.
+CLOSE_WAIT_S = 5.0
 
 NAME = "mxnet"
 MODELS = tuple(zoo.MODELS)
@@ -719,11 +724,27 @@ class Feed:
             yield xb.as_in_context(self.ctx), yb.as_in_context(self.ctx)
 
     def close(self) -> None:
-        """Stop the loader's worker pool (MXNet leaves it to the garbage collector)."""
+        """Stop the loader's worker pool (MXNet leaves it to the garbage collector).
+
+        ``Pool.terminate`` can block for good when its workers were forked from a process
+        with running threads (MXNet's engine): it then waits on a worker that never answers.
+        So it runs in a daemon thread; after ``CLOSE_WAIT_S`` the workers are killed (they hold
+        nothing the cell needs: every batch was consumed), which lets it finish."""
         pool = getattr(self.loader, "_worker_pool", None)
-        if pool is not None:
-            pool.terminate()
-            self.loader._worker_pool = None
+        if pool is None:
+            return
+        self.loader._worker_pool = None
+        workers = [w for w in getattr(pool, "_pool", []) if w.pid]
+        closer = threading.Thread(target=pool.terminate, name="loader-close", daemon=True)
+        closer.start()
+        closer.join(CLOSE_WAIT_S)
+        if closer.is_alive():
+            for worker in workers:
+                try:
+                    os.kill(worker.pid, signal.SIGKILL)
+                except OSError:  # already gone
+                    pass
+            closer.join(CLOSE_WAIT_S)
 
     def describe(self) -> dict[str, Any]:
         """The summary's ``input_pipeline``: what really fed the steps."""
