@@ -32,10 +32,6 @@ def main() -> None:
         SELECT sc.study, sc.profile, list(DISTINCT sc.cell_id), sum(r.wall_seconds), count(*)
         FROM study_cells sc JOIN runs r USING (cell_id)
         WHERE r.status = 'ok' GROUP BY ALL""").fetchall()
-    runs = con.execute("""
-        SELECT o.cell_id, o.framework, o.model, o.device, o.throughput, o.wall_seconds,
-               o.train_seconds, o.test_seconds, o.mode
-        FROM run_overview o WHERE o.status = 'ok'""").fetchall()
     con.close()
     files = {}
     for path in [*study_files(args.studies), *args.matrix]:
@@ -47,9 +43,7 @@ def main() -> None:
     for study, profile, cells, measured, n in sorted(done):
         if study not in files:
             continue
-        own = set(cells)
-        others = [r for r in runs if r[0] not in own]
-        model = _model(others)
+        model = CostModel.read(args.warehouse, exclude=cells)
         matrix = load_matrix(files[study], None if profile == "(base)" else profile)
         runner, _ = get_executor(matrix.sweep.executor)
         planned = [pc for pc in plan_cells(matrix, runner.env_id)]
@@ -62,19 +56,6 @@ def main() -> None:
     if ratios:
         print(f"median estimate / measured over {len(ratios)} study profiles: {statistics.median(ratios):.2f} "
               f"(range {min(ratios):.2f}-{max(ratios):.2f})")
-
-
-def _model(rows: list[tuple]) -> CostModel:
-    """The catalogue's cost model from these runs only (CostModel.read, restricted)."""
-    by_key: dict[tuple[str, str, str], list[float]] = {}
-    overhead: dict[str, list[float]] = {}
-    for _cell, fw, model, device, throughput, wall, train, test, mode in rows:
-        if throughput and throughput > 0 and mode == "train":
-            by_key.setdefault((fw, model, device), []).append(throughput)
-        if wall is not None:
-            overhead.setdefault(fw, []).append(max(wall - (train or 0) - (test or 0), 0.0))
-    return CostModel({}, {k: statistics.median(v) for k, v in by_key.items()},
-                     {k: statistics.median(v) for k, v in overhead.items()})
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from matrun.reports.figures import PALETTE, legend_below, plot_text
 from matrun.reports.pages import Html, csv_text, download_link, join, table, tag
 from matrun.reports.sections import flag, fmt, is_missing, num
 from matrun.reports.shape import label_parts
+from matrun.warehouse.findings import PaperTable as Paper
 
 # The verdicts of the findings view, and the only two the report colours.
 VERDICTS = ("reproduced", "contradicted", "not significant", "not enough data")
@@ -58,18 +59,6 @@ HOST_SERIES_LIMIT = 8
 
 
 # --- the studies present --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Paper:
-    """A study's ``[paper]`` table as transcribed from the seed (``studies.paper``)."""
-
-    source: str
-    note: str
-    x: str | None
-    metric: str | None
-    columns: tuple[str, ...]
-    rows: tuple[tuple[Any, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -115,7 +104,8 @@ def _text(value: Any) -> str:
 
 
 def parse_paper(value: Any) -> Paper | None:
-    """The ``paper`` JSON of the studies table as a ``Paper`` (None when absent or unreadable)."""
+    """The ``paper`` JSON of the studies table as a ``PaperTable`` (the declaration's own type;
+    None when absent or unreadable)."""
     if value is None:
         return None
     if isinstance(value, str):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ import polars as pl
 import pytest
 
 from bundle_factory import make_bundle
+from test_report import Node, parse
 from matrun.reports import study_pages as sp
 from matrun.reports.build import build_report
 from matrun.reports.data import read_catalogue
@@ -130,61 +130,7 @@ def findings_rows(warehouse: Path) -> list[dict[str, Any]]:
     return frame.to_dicts()
 
 
-# --- a small DOM from html.parser --------------------------------------------------------------
-
-
-class Node:
-    def __init__(self, tag: str, attrs: dict[str, str | None]) -> None:
-        self.tag, self.attrs = tag, attrs
-        self.children: list[Node | str] = []
-
-    def iter(self) -> Any:
-        yield self
-        for c in self.children:
-            if isinstance(c, Node):
-                yield from c.iter()
-
-    def find_all(self, tag: str, **attrs: str) -> list[Node]:
-        return [n for n in self.iter() if n.tag == tag and all(n.attrs.get(k) == v for k, v in attrs.items())]
-
-    def find(self, tag: str, **attrs: str) -> Node:
-        found = self.find_all(tag, **attrs)
-        assert found, (tag, attrs)
-        return found[0]
-
-    def text(self) -> str:
-        return "".join(c if isinstance(c, str) else c.text() for c in self.children)
-
-
-_VOID = {"meta", "link", "br", "img", "input", "hr"}
-
-
-class Dom(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.root = Node("#root", {})
-        self.stack = [self.root]
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        node = Node(tag, dict(attrs))
-        self.stack[-1].children.append(node)
-        if tag not in _VOID:
-            self.stack.append(node)
-
-    def handle_endtag(self, tag: str) -> None:
-        for i in range(len(self.stack) - 1, 0, -1):
-            if self.stack[i].tag == tag:
-                del self.stack[i:]
-                return
-
-    def handle_data(self, data: str) -> None:
-        self.stack[-1].children.append(data)
-
-
-def parse(path: Path) -> Node:
-    dom = Dom()
-    dom.feed(path.read_text(encoding="utf-8"))
-    return dom.root
+# --- the report's DOM helpers (tests/test_report.py) ------------------------------------------
 
 
 def rows_of(dom: Node, table_id: str) -> tuple[list[str], list[list[Node]]]:

@@ -154,6 +154,14 @@ def resolve_warehouse(explicit: Path | None) -> Path:
     return Path("matrun.duckdb")
 
 
+def duration_text(value: float | None) -> str:
+    """Seconds as ``1h05m`` or ``3m07s`` (``-`` for None), as plan, sweep and studies show them."""
+    if value is None:
+        return "-"
+    value = int(round(value))
+    return f"{value // 3600}h{value % 3600 // 60:02d}m" if value >= 3600 else f"{value // 60}m{value % 60:02d}s"
+
+
 def check_format(fmt: str, allowed: tuple[str, ...]) -> None:
     """Refuse a ``--format`` value that is not one of ``allowed`` (bad input, exit 2)."""
     if fmt not in allowed:

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from matrun.errors import BundleError
-from matrun.runner.cli.common import MatrixArg, ProfileOpt, WhereOpt, app, command, err, out
+from matrun.runner.cli.common import MatrixArg, ProfileOpt, WhereOpt, app, command, duration_text, err, out
 from matrun.runner.planning.matrix import load_matrix
 from matrun.runner.planning.overview import plan_rows, status_rows
 from matrun.runner.slurm.jobs import cell_progress
@@ -24,12 +24,6 @@ from matrun.runner.slurm.loop import cancel_sweep
 from matrun.runner.sweep.records import SweepStopped, SweepSummary
 from matrun.runner.sweep.run import run_sweep
 
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    value = int(round(value))
-    return f"{value // 3600}h{value % 3600 // 60:02d}m" if value >= 3600 else f"{value // 60}m{value % 60:02d}s"
 
 
 @command(app)
@@ -46,12 +40,12 @@ def plan(
         table.add_column(col)
     for row in rows:
         table.add_row(row["cell_id"], *[str(row[k]) for k in footer["varying"]], row["env_id"],
-                      f"{row['done']}/{footer['repeats']}", _seconds(row["estimate_s"]))
+                      f"{row['done']}/{footer['repeats']}", duration_text(row["estimate_s"]))
     out.print(table)
     if not footer["todo"]:
         rest = "nothing left to run"
     elif footer["estimate_s"]:
-        rest = f"estimated time for the rest: {_seconds(footer['estimate_s'])}"
+        rest = f"estimated time for the rest: {duration_text(footer['estimate_s'])}"
     else:
         rest = "estimated time for the rest: unknown (no earlier runs)"
     typer.echo(f"{footer['runs']} runs: {footer['done']} done, {footer['todo']} to run; {rest}")
@@ -91,7 +85,7 @@ def sweep(
         if event.kind == "message":
             typer.echo(event.text, err=True)
         elif event.kind == "plan":
-            note = f" (estimated {_seconds(event.estimate_s)})" if event.estimate_s else ""
+            note = f" (estimated {duration_text(event.estimate_s)})" if event.estimate_s else ""
             typer.echo(f"{event.text}{note}", err=True)
             task = progress.add_task("sweep", total=event.total)
             progress.start()

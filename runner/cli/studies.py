@@ -10,17 +10,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from matrun.runner.cli.common import app, check_format, command, out, resolve_warehouse
+from matrun.runner.cli.common import app, check_format, command, duration_text, out, resolve_warehouse
 from matrun.runner.planning.studies import catalogue
 
 
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "unknown"
-    value = int(round(value))
-    if value >= 3600:
-        return f"≈{value // 3600}h{value % 3600 // 60:02d}m"
-    return f"≈{value // 60}m{value % 60:02d}s"
+def _estimate(value: float | None) -> str:
+    return "unknown" if value is None else f"≈{duration_text(value)}"
 
 
 @command(app)
@@ -54,7 +49,7 @@ def studies(
                 "\n".join(p.name for p in e.profiles),
                 "\n".join(f"gpu ×{p.needs_gpus}" if p.needs_gpus else "cpu" for p in e.profiles),
                 "\n".join(f"{p.cells} × {p.runs // max(p.cells, 1)} = {p.runs}" for p in e.profiles),
-                "\n".join(_seconds(p.estimate_s) for p in e.profiles))))
+                "\n".join(_estimate(p.estimate_s) for p in e.profiles))))
         out.print(table)
         for e in entries:
             if e.error:

@@ -113,20 +113,24 @@ class CostModel:
         self.overhead = dict(overhead or {})
 
     @classmethod
-    def read(cls, warehouse: Path) -> "CostModel":
+    def read(cls, warehouse: Path, *, exclude: Sequence[str] = ()) -> "CostModel":
+        """The model from the warehouse's ok runs, leaving out the cells in ``exclude``
+        (``benchmarks/study_estimates.py``: a study's estimate as it was before it ran)."""
         if not warehouse.exists():
             return cls()
+        kept = "status = 'ok' AND NOT list_contains($exclude, cell_id)"
         with open_warehouse(warehouse, read_only=True, wait_s=30) as wh:
             known = dict(wh.con.execute(
-                "SELECT cell_id, wall_seconds_median FROM cell_durations WHERE wall_seconds_median IS NOT NULL"
-            ).fetchall())
-            rows = wh.con.execute("""
+                "SELECT cell_id, wall_seconds_median FROM cell_durations WHERE wall_seconds_median IS NOT NULL "
+                "AND NOT list_contains($exclude, cell_id)", {"exclude": list(exclude)}).fetchall())
+            rows = wh.con.execute(f"""
                 SELECT framework, model, device, median(throughput)
-                FROM run_overview WHERE status = 'ok' AND throughput > 0 AND mode = 'train'
-                GROUP BY ALL""").fetchall()
-            over = wh.con.execute("""
+                FROM run_overview WHERE {kept} AND throughput > 0 AND mode = 'train'
+                GROUP BY ALL""", {"exclude": list(exclude)}).fetchall()
+            over = wh.con.execute(f"""
                 SELECT framework, median(wall_seconds - coalesce(train_seconds, 0) - coalesce(test_seconds, 0))
-                FROM run_overview WHERE status = 'ok' AND wall_seconds IS NOT NULL GROUP BY ALL""").fetchall()
+                FROM run_overview WHERE {kept} AND wall_seconds IS NOT NULL GROUP BY ALL""",
+                {"exclude": list(exclude)}).fetchall()
         return cls(known, {(r[0], r[1], r[2]): float(r[3]) for r in rows},
                    {r[0]: max(float(r[1]), 0.0) for r in over if r[1] is not None})
 
