@@ -9,6 +9,7 @@ Modules:
   ``matrun.frameworks`` as SQL macros (created by ``db`` before ``views/_macros.sql``);
 - ``bundles/``: the result bundle, both sides: ``layout`` (file names, schema version,
   statuses, run directories), ``write`` (the host's writers), ``read`` (find and validate);
+- ``rows``: a bundle's rows, one Arrow table per warehouse table, checked against the columns;
 - ``ingest``: load bundles into the warehouse in one transaction;
 - ``query``: one read-only SQL statement typed by a user;
 - ``images``: the ``images`` table ``matrun build`` records;

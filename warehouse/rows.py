@@ -1,0 +1,234 @@
+"""A bundle's rows for the warehouse: one Arrow table per warehouse table.
+
+Every bundle is turned into its rows on its own, outside any transaction: a value no column
+can hold (an integer out of range, text that is not UTF-8, JSON nested too deep, a missing
+``NOT NULL`` value) raises :class:`Unstorable` naming the table and column, and the ingest
+skips that bundle alone (docs/WAREHOUSE.md "Ingest").
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+
+from matrun.warehouse.bundles.layout import EVENTS
+from matrun.warehouse.bundles.read import Bundle
+
+_TS = pa.timestamp("us", tz="UTC")
+
+RUNS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("sweep", pa.string()), ("cell_id", pa.string()),
+    ("repeat", pa.int32()), ("attempt", pa.int32()), ("env_id", pa.string()),
+    ("executor", pa.string()), ("status", pa.string()), ("exit_code", pa.int32()),
+    ("error_tail", pa.string()), ("started_at", _TS), ("ended_at", _TS),
+    ("wall_seconds", pa.float64()),
+    ("params", pa.string()), ("host", pa.string()), ("probe", pa.string()),
+    ("data", pa.string()), ("model", pa.string()), ("summary", pa.string()),
+    ("monitor", pa.string()), ("harness_version", pa.string()),
+    ("train_seconds", pa.float64()), ("test_seconds", pa.float64()),
+    ("accuracy", pa.float64()), ("throughput", pa.float64()),
+    ("time_to_first_step", pa.float64()), ("timed_steps", pa.int32()),
+    ("warmup_steps", pa.int32()), ("diverged", pa.bool_()),
+    ("monitor_interval_s", pa.float64()), ("monitor_samples", pa.int32()),
+    ("cpu_user_avg", pa.float64()), ("cpu_system_avg", pa.float64()),
+    ("cpu_total_avg", pa.float64()), ("iowait_avg", pa.float64()),
+    ("rss_avg_bytes", pa.float64()), ("rss_peak_bytes", pa.int64()),
+    ("mismatches", pa.list_(pa.string())), ("events_truncated", pa.bool_()),
+    ("bundle_path", pa.string()), ("bundle_digest", pa.string()),
+    ("image_tag", pa.string()), ("image_id", pa.string()), ("image_digest", pa.string()),
+])
+STEPS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("epoch", pa.int32()), ("step", pa.int32()),
+    ("phase", pa.string()), ("seconds", pa.float64()), ("images", pa.int32()),
+])
+EPOCHS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("epoch", pa.int32()), ("steps", pa.int32()),
+    ("train_loss", pa.float64()), ("train_accuracy", pa.float64()),
+    ("test_loss", pa.float64()), ("test_accuracy", pa.float64()),
+    ("epoch_seconds", pa.float64()), ("test_seconds", pa.float64()),
+])
+LAYERS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("name", pa.string()), ("kind", pa.string()), ("index", pa.int32()),
+    ("forward_seconds", pa.float64()), ("backward_seconds", pa.float64()), ("repeats", pa.int32()),
+    ("params", pa.int64()), ("flops", pa.int64()),
+])
+SAMPLES_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("t", pa.float64()), ("cpu_user", pa.float64()),
+    ("cpu_system", pa.float64()), ("iowait", pa.float64()), ("rss_bytes", pa.int64()),
+    ("nprocs", pa.int32()),
+])
+_SUMMARY_COLUMNS = ("train_seconds", "test_seconds", "accuracy", "throughput",
+                    "time_to_first_step", "timed_steps", "warmup_steps", "diverged")
+_MONITOR_COLUMNS = {"monitor_interval_s": "interval_s", "monitor_samples": "samples",
+                    "cpu_user_avg": "cpu_user_avg", "cpu_system_avg": "cpu_system_avg",
+                    "cpu_total_avg": "cpu_total_avg", "iowait_avg": "iowait_avg",
+                    "rss_avg_bytes": "rss_avg_bytes", "rss_peak_bytes": "rss_peak_bytes"}
+
+
+#: Columns the migrations declare NOT NULL (``migrations/001_initial.sql``, ``002_layers.sql``),
+#: checked per bundle before the transaction.
+
+NOT_NULL = {
+    "runs": ("run_id", "sweep", "cell_id", "repeat", "attempt", "env_id", "executor", "status",
+             "started_at", "params", "events_truncated", "bundle_path", "bundle_digest"),
+    "steps": ("run_id", "step", "phase", "seconds", "images"),
+    "epochs": ("run_id", "epoch"),
+    "monitor_samples": ("run_id", "t"),
+    "layers": ("run_id", "name", "kind"),
+}
+
+
+def describe(exc: BaseException) -> str:
+    """An exception in one line: its message (cut) and its type."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply (RecursionError)"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = text if len(text) <= 200 else text[:200] + "…"
+    return f"{text} ({type(exc).__name__})" if text else type(exc).__name__
+
+
+class Unstorable(ValueError):
+    """A value of one bundle that its warehouse column cannot hold."""
+
+
+def bundle_tables(bundle: Bundle) -> dict[str, pa.Table]:
+    """One bundle's rows, as one Arrow table per warehouse table, checked against the column
+    types and NOT NULL constraints; ``Unstorable`` names the table and column at fault."""
+    tables = {"runs": _runs_table([bundle]), "steps": _steps_table([bundle]),
+              "epochs": _epochs_table([bundle]), "monitor_samples": _samples_table([bundle]),
+              "layers": _columns([bundle], "layers", LAYERS_SCHEMA)}
+    for name, table in tables.items():
+        for column in NOT_NULL[name]:
+            if table.column(column).null_count:
+                raise Unstorable(f"{name}.{column}: a record has no value, and the column "
+                                 "needs one")
+    return tables
+
+
+def _json(value: Any, column: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        return json.dumps(value, sort_keys=True)
+    except (RecursionError, ValueError, TypeError) as exc:
+        raise Unstorable(f"runs.{column}: {describe(exc)}") from None
+
+
+def _arrow(table: str, columns: dict[str, list[Any]], schema: pa.Schema) -> pa.Table:
+    """An Arrow table of ``schema`` from Python column lists; ``Unstorable`` names the column
+    holding a value its type cannot (an integer out of range, a string that is not UTF-8)."""
+    arrays = []
+    for f in schema:
+        try:
+            arrays.append(pa.array(columns[f.name], type=f.type))
+        except _ARROW_ERRORS as exc:
+            raise Unstorable(f"{table}.{f.name}: {_first_misfit(columns[f.name], f.type, exc)}") from None
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+_ARROW_ERRORS = (pa.ArrowException, OverflowError, ValueError, TypeError)
+
+
+def _first_misfit(values: list[Any], kind: pa.DataType, exc: BaseException) -> str:
+    """Which value a column of type ``kind`` could not hold, for the skip reason."""
+    for value in values:
+        try:
+            pa.array([value], type=kind)
+        except _ARROW_ERRORS as one:
+            text = repr(value)
+            text = text if len(text) <= 60 else f"{text[:40]}… ({len(text)} characters)"
+            return f"{text} does not fit its type {kind} ({type(one).__name__})"
+    return describe(exc)
+
+
+def _time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+def _runs_table(bundles: list[Bundle]) -> pa.Table:
+    rows = []
+    for b in bundles:
+        result, summary = b.result, b.summary or {}
+        monitor = result.get("monitor") or {}
+        row = {
+            "run_id": b.run_id, "sweep": b.key.sweep, "cell_id": b.key.cell_id,
+            "repeat": b.key.repeat, "attempt": b.key.attempt, "env_id": result["env_id"],
+            "executor": result["executor"], "status": result["status"],
+            "exit_code": result.get("exit_code"), "error_tail": result.get("error_tail"),
+            "started_at": _time(result["started_at"]), "ended_at": _time(result.get("ended_at")),
+            "wall_seconds": result.get("wall_seconds"),
+            "params": _json(b.spec["params"], "params"), "host": _json(result.get("host"), "host"),
+            "probe": _json(_without_type(b.probe), "probe"), "data": _json(_without_type(b.data), "data"),
+            "model": _json(_without_type(b.model), "model"),
+            "summary": _json(_without_type(b.summary), "summary"),
+            "monitor": _json(result.get("monitor"), "monitor"),
+            "harness_version": _text(b.header.get("harness_version")),
+            "mismatches": None if b.probe is None else b.probe.get("mismatches", []),
+            "events_truncated": any(w.startswith(EVENTS) for w in b.warnings),
+            "bundle_path": str(b.path), "bundle_digest": b.digest,
+            **_image_columns(result.get("image")),
+        }
+        row.update({col: _number(summary.get(col), col) for col in _SUMMARY_COLUMNS})
+        row.update({col: _number(monitor.get(key), col) for col, key in _MONITOR_COLUMNS.items()})
+        rows.append(row)
+    return _arrow("runs", {f.name: [row.get(f.name) for row in rows] for f in RUNS_SCHEMA}, RUNS_SCHEMA)
+
+
+def _image_columns(image: Any) -> dict[str, str | None]:
+    """The image a run used (result.json ``image``, docker executor), as three columns."""
+    if not isinstance(image, dict):
+        return {"image_tag": None, "image_id": None, "image_digest": None}
+    digests = image.get("repo_digests")
+    first = digests[0] if isinstance(digests, list) and digests and isinstance(digests[0], str) else None
+    image_id = _text(image.get("id"))
+    return {"image_tag": _text(image.get("tag")), "image_id": image_id, "image_digest": first or image_id}
+
+
+def _without_type(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if record is None else {k: v for k, v in record.items() if k != "type"}
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _number(value: Any, column: str) -> Any:
+    """A JSON value for a typed column, or None when it has the wrong type."""
+    kind = RUNS_SCHEMA.field(column).type
+    if value is None or isinstance(value, bool) != pa.types.is_boolean(kind):
+        return None
+    if pa.types.is_integer(kind):
+        return value if isinstance(value, int) else None
+    if pa.types.is_floating(kind):
+        return float(value) if isinstance(value, (int, float)) else None
+    return value
+
+
+def _columns(bundles: list[Bundle], attr: str, schema: pa.Schema) -> pa.Table:
+    """A child table: the records under ``attr`` of every bundle, tagged with run_id (``attr``
+    is also the warehouse table's name)."""
+    names = [f.name for f in schema if f.name != "run_id"]
+    columns: dict[str, list[Any]] = {"run_id": []}
+    columns.update({name: [] for name in names})
+    for b in bundles:
+        records = getattr(b, attr)
+        columns["run_id"].extend([b.run_id] * len(records))
+        for name in names:
+            columns[name].extend([r.get(name) for r in records])
+    return _arrow(attr, columns, schema)
+
+
+def _steps_table(bundles: list[Bundle]) -> pa.Table:
+    return _columns(bundles, "steps", STEPS_SCHEMA)
+
+
+def _epochs_table(bundles: list[Bundle]) -> pa.Table:
+    return _columns(bundles, "epochs", EPOCHS_SCHEMA)
+
+
+def _samples_table(bundles: list[Bundle]) -> pa.Table:
+    return _columns(bundles, "monitor_samples", SAMPLES_SCHEMA)
+
