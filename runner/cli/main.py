@@ -11,6 +11,7 @@ from __future__ import annotations
 from matrun.runner.cli import runs  # noqa: F401  plan, sweep, status, cancel
 from matrun.runner.cli import studies  # noqa: F401  studies
 from matrun.runner.cli import results  # noqa: F401  ingest, query, report
+from matrun.runner.cli import export  # noqa: F401  export
 from matrun.runner.cli import data  # noqa: F401  the data group
 from matrun.runner.cli import environments  # noqa: F401  envs, build, images; the engine group
 from matrun.runner.cli import analysis  # noqa: F401  compare, advise
