@@ -401,6 +401,15 @@ def _build(scratch: Path, path: Path) -> duckdb.DuckDBPyConnection:
 
 
 _TEMPLATES: dict[str, Path] = {}
+_TEMPLATE_PREFIX = "matrun-lake-template-"
+
+
+def _remove_dead_templates() -> None:
+    """Remove the templates processes killed before their exit left in the temporary directory."""
+    for name in glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), _TEMPLATE_PREFIX + "*")):
+        pid = os.path.basename(name)[len(_TEMPLATE_PREFIX):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(name, ignore_errors=True)
 
 
 def _template(path: Path) -> Path:
@@ -410,7 +419,8 @@ def _template(path: Path) -> Path:
     found = _TEMPLATES.get(digest)
     if found is not None and found.is_dir():
         return found
-    home = Path(tempfile.mkdtemp(prefix="matrun-lake-template-"))
+    _remove_dead_templates()
+    home = Path(tempfile.mkdtemp(prefix=f"{_TEMPLATE_PREFIX}{os.getpid()}-"))
     atexit.register(shutil.rmtree, home, True)
     lake = home / "lake"
     lake.mkdir()
@@ -449,7 +459,7 @@ def _create(path: Path) -> None:
 
 def _replace_unfinished(path: Path) -> None:
     """Replace a file an older single-file creation cut short with a new warehouse."""
-    with _upgrade_lock(path, 30.0):
+    with _upgrade_lock(path, 30.0, "is empty (its creation was cut short) and cannot be recreated here"):
         if not unfinished(path):
             return  # another process replaced it meanwhile
         try:
@@ -461,10 +471,16 @@ def _replace_unfinished(path: Path) -> None:
 
 
 @contextmanager
-def _upgrade_lock(path: Path, wait_s: float) -> Iterator[None]:
-    """One process at a time upgrades (or replaces) the file at ``path``."""
+def _upgrade_lock(path: Path, wait_s: float, cannot: str) -> Iterator[None]:
+    """One process at a time upgrades (or replaces) the file at ``path``; ``cannot`` says
+    what the file is when its directory cannot be written."""
     lock = path.with_name(f".{path.name}.upgrade.lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if is_no_space(exc) or exc.errno == errno.ENAMETOOLONG:
+            raise
+        raise WarehouseError(f"warehouse {shown(path)} {cannot}: {exc.strerror or exc}") from None
     try:
         deadline = time.monotonic() + max(wait_s, WRITER_WAIT_S)
         while True:
@@ -487,7 +503,9 @@ def _upgrade_lock(path: Path, wait_s: float) -> Iterator[None]:
 
 def _upgrade(path: Path, wait_s: float) -> None:
     """Upgrade the single-file warehouse at ``path`` into a lake (module docstring)."""
-    with _upgrade_lock(path, wait_s):
+    with _upgrade_lock(path, wait_s, "is in the single-file format of an older matrun and cannot "
+                                     "be upgraded here (run `matrun ingest` on it where it is "
+                                     "writable)"):
         st = _stat(path)
         if st is None or not stat.S_ISREG(st.st_mode):
             return  # another process upgraded it meanwhile

@@ -547,7 +547,8 @@ def register_study(con: duckdb.DuckDBPyConnection, decl: StudyDecl, *, profile: 
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM study_findings WHERE study = ?", [decl.id])
-        con.execute("INSERT OR REPLACE INTO studies (study, title, seed, source, needs, gpus, \"view\", "
+        con.execute("DELETE FROM studies WHERE study = ?", [decl.id])
+        con.execute("INSERT INTO studies (study, title, seed, source, needs, gpus, \"view\", "
                     "matrix, paper, declared_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [decl.id, decl.title, decl.seed, decl.source, decl.needs, decl.gpus, decl.view,
                      matrix, decl.paper_json(), declared])
