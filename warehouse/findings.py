@@ -542,6 +542,9 @@ def register_study(con: duckdb.DuckDBPyConnection, decl: StudyDecl, *, profile: 
         raise InputError(f"register_study: bad matrix path {_show(matrix)}")
     if not all(isinstance(c, str) and 0 < len(c) <= 128 for c in cell_ids):
         raise InputError("register_study: every cell id must be a non-empty text of at most 128 characters")
+    ids = [finding.id for finding in decl.findings]
+    if len(set(ids)) != len(ids):  # the lake has no key to refuse them: refused here
+        raise InputError(f"register_study: study {decl.id} declares a finding id twice")
     cells = sorted(set(cell_ids))
     declared = datetime.now(timezone.utc).replace(tzinfo=None)
     con.execute("BEGIN TRANSACTION")

@@ -596,15 +596,3 @@ def _read_monitor(bundle: Bundle, path: Path, data: bytes | None, *, finished_ok
         _check_line(path, number, record, "sample", _SAMPLE_KEYS)
         bundle.monitor_samples.append(record)
 
-
-def bundle_signature(directory: Path | str) -> str:
-    """TEMPORARY (replaced by the rows helper's version at merge)."""
-    parts = []
-    for name in (SPEC, EVENTS, MONITOR, RESULT):
-        try:
-            st = os.stat(Path(directory) / name, follow_symlinks=False)
-        except FileNotFoundError:
-            parts.append(f"{name}:absent")
-            continue
-        parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}")
-    return ";".join(parts)
