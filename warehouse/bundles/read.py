@@ -595,4 +595,3 @@ def _read_monitor(bundle: Bundle, path: Path, data: bytes | None, *, finished_ok
             continue
         _check_line(path, number, record, "sample", _SAMPLE_KEYS)
         bundle.monitor_samples.append(record)
-
