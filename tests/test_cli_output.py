@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
 
+from lake_client import plain_writer
 from bundle_factory import make_bundle, read_json
 from matrun.errors import QueryError
 from matrun.reports.shape import label_parts
@@ -70,7 +70,7 @@ def nonfinite(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 (run / name).write_text(json.dumps(doc), encoding="utf-8")
     path = root / "w.duckdb"
     assert not ingest([root / "results"], warehouse=path).skipped
-    con = duckdb.connect(str(path))
+    con = plain_writer(path)
     try:
         b_runs = "SELECT run_id FROM runs WHERE sweep = 'b'"
         con.execute(f"UPDATE runs SET throughput = 'nan'::DOUBLE, accuracy = 'nan'::DOUBLE WHERE run_id IN ({b_runs})")

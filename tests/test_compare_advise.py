@@ -36,10 +36,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, Sequence
 
-import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from lake_client import plain_writer
+from matrun.warehouse.catalog import attach_sql, layout
 from bundle_factory import make_bundle, read_json
 from matrun.errors import InputError, QueryError
 from matrun.runner.cli.main import app
@@ -436,8 +437,9 @@ def test_advise_bad_input(study: Path, tmp_path: Path) -> None:
 def test_a_warehouse_last_written_before_the_views_existed_is_brought_up_to_date(study: Path,
                                                                                   tmp_path: Path) -> None:
     old = tmp_path / "old.duckdb"
-    shutil.copyfile(study, old)
-    con = duckdb.connect(str(old))  # as a warehouse last written before the view existed
+    shutil.copytree(study, old)
+    (old / "attach.sql").write_text(attach_sql(layout(old)))  # as its next writer would
+    con = plain_writer(old)  # as a warehouse last written before the view existed
     con.execute("DROP VIEW best_vs_default")
     con.close()
     res = CliRunner().invoke(app, ["advise", "--warehouse", str(old), "--format", "json"])

@@ -16,6 +16,7 @@ The fixture hosts report 2 CPUs (bundle_factory).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -475,8 +476,12 @@ def test_register_study_stores_the_paper_and_rolls_back_on_a_refusal(tmp_path: P
         register_study(wh.con, decl, profile="quick", matrix="m.toml", cell_ids=["c1"])
         twice = StudyDecl(**{**decl.__dict__, "title": "changed",
                              "findings": (decl.findings[0], decl.findings[0])})  # a duplicate finding id
-        with pytest.raises(WarehouseError, match="registering study A6 failed and was rolled back"):
+        with pytest.raises(InputError, match="declares a finding id twice"):
             register_study(wh.con, twice, profile="quick", matrix="m.toml", cell_ids=["c2"])
+        refused = StudyDecl(**{**decl.__dict__, "title": "changed",  # a NULL claim: NOT NULL refuses it
+                               "findings": (dataclasses.replace(decl.findings[0], claim=None),)})
+        with pytest.raises(WarehouseError, match="registering study A6 failed and was rolled back"):
+            register_study(wh.con, refused, profile="quick", matrix="m.toml", cell_ids=["c2"])
         with pytest.raises(InputError):
             register_study(wh.con, decl, profile="quick", matrix="m.toml", cell_ids=["c1", 3])  # type: ignore[list-item]
         with pytest.raises(InputError):
@@ -713,7 +718,7 @@ def test_a_warehouse_of_schema_3_gains_the_study_tables(tmp_path: Path) -> None:
             wh.con.execute(f"DROP TABLE {table}")
         wh.con.execute("DELETE FROM schema_migrations WHERE version = 4")
     with open_warehouse(path) as wh:
-        assert wh.con.execute("SELECT max(version) FROM schema_migrations").fetchone() == (4,)
+        assert wh.con.execute("SELECT max(version) FROM schema_migrations").fetchone() == (5,)
         register_study(wh.con, _study("A6", [GOOD_FINDING]), profile="quick", matrix="m.toml", cell_ids=["c1"])
     (row,) = query(path, "SELECT verdict, observed, cell_id FROM findings")
     assert row == {"verdict": "not enough data", "cell_id": "c1",

@@ -38,7 +38,7 @@ import duckdb
 import pytest
 
 from bundle_factory import make_bundle, patch_events
-from matrun.warehouse.db import MACRO_COMMENT_PREFIX, macro_sql, open_warehouse
+from matrun.warehouse.db import OWNED_MACROS, macro_sql, open_warehouse
 from matrun.warehouse.ingest import ingest
 from matrun.warehouse.query import run_query
 
@@ -723,8 +723,11 @@ def test_a_single_run_gives_the_rows_it_can(tmp_path: Path) -> None:
 def test_macros_exist_for_read_only_connections_and_stale_ones_are_dropped(tmp_path: Path) -> None:
     path = tmp_path / "w.duckdb"
     with open_warehouse(path) as wh:
-        wh.con.execute("CREATE MACRO old_matrun_macro(x) AS x")
-        wh.con.execute(f"COMMENT ON MACRO old_matrun_macro IS '{MACRO_COMMENT_PREFIX}views/_macros.sql'")
+        wh.con.execute("CREATE MACRO old_matrun_macro(x) AS x")  # as if an older matrun made it
+        listed = wh.con.execute(f"SELECT {OWNED_MACROS}()").fetchone()[0]
+        wh.con.execute(f"CREATE OR REPLACE MACRO {OWNED_MACROS}() AS "
+                       f"{[*listed, 'old_matrun_macro']}::VARCHAR[]")
+        wh.con.execute("CREATE OR REPLACE MACRO matrun_views_digest() AS 'older'")
         wh.con.execute("CREATE MACRO users_own(x) AS x + 1")
     with open_warehouse(path):
         pass
@@ -748,7 +751,6 @@ def test_views_are_left_alone_when_current_and_rebuilt_when_not(tmp_path: Path) 
         assert wh.con.execute(comment).fetchall() == [(touched,)]
         digest = wh.con.execute("SELECT matrun_views_digest()").fetchone()[0]
         wh.con.execute("CREATE OR REPLACE MACRO matrun_views_digest() AS 'stale'")
-        wh.con.execute(f"COMMENT ON MACRO matrun_views_digest IS '{MACRO_COMMENT_PREFIX}views/_macros.sql'")
     with open_warehouse(path) as wh:  # another digest: all re-created
         assert wh.con.execute(comment).fetchall() == [("matrun view: views/baseline.sql",)]
         assert wh.con.execute("SELECT matrun_views_digest()").fetchone() == (digest,)

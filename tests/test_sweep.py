@@ -13,9 +13,9 @@ import time
 from html.parser import HTMLParser
 from pathlib import Path
 
-import duckdb
 import pytest
 
+from lake_client import plain_connect
 from matrun.warehouse.ingest import ingest
 
 MATRUN = [str(Path(sys.executable).with_name("matrun"))]
@@ -53,7 +53,7 @@ def matrun(*args: str, cwd: Path, check: bool = True, **kw) -> subprocess.Comple
 
 
 def sql(db: Path, query: str) -> list[tuple]:
-    con = duckdb.connect(str(db), read_only=True)
+    con = plain_connect(db)
     try:
         return con.execute(query).fetchall()
     finally:

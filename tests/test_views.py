@@ -171,7 +171,7 @@ def test_run_overview_rows(study: Path) -> None:
     assert len(rows) == 8
     first = rows[f"{A}/0-1"]
     started = first.pop("started_at")
-    assert started.isoformat() == "2026-11-22T01:50:00+00:00"
+    assert started.isoformat() == "2026-11-22T01:50:00"
     assert first == {
         "run_id": f"{A}/0-1", "sweep": "s1", "cell_id": A, "repeat": 0, "attempt": 1,
         "status": "ok", "exit_code": 0, "executor": "local", "env_id": "torch-cpu-0123456789ab",

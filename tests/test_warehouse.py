@@ -6,6 +6,7 @@ second process, because DuckDB's lock is per process.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import pytest
 
 from bundle_factory import make_bundle
 from matrun.errors import QueryError, WarehouseError, WarehouseLocked
+from matrun.warehouse import db
 from matrun.warehouse.db import VIEW_COMMENT_PREFIX, open_warehouse
 from matrun.warehouse.ingest import ingest
 from matrun.warehouse.query import run_query
@@ -48,7 +50,8 @@ def test_new_warehouse_has_tables_views_and_every_migration_row(tmp_path: Path) 
         assert _names(wh.con, "tables") == TABLES
         assert VIEWS <= _names(wh.con, "views")
     rows = _migration_rows(path)
-    assert [(v, n) for v, n, _ in rows] == [(1, "initial"), (2, "layers"), (3, "images"), (4, "studies")]
+    assert [(v, n) for v, n, _ in rows] == [(1, "initial"), (2, "layers"), (3, "images"), (4, "studies"),
+                                       (5, "bundle_stat")]
     assert rows[0][2]  # applied_at recorded
 
 
@@ -85,7 +88,7 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "w.duckdb"
     with open_warehouse(path) as wh:
         wh.con.execute("INSERT INTO schema_migrations (version, name) VALUES (999, 'future')")
-    message = f"warehouse {path} has schema version 999; this matrun knows up to 4: upgrade matrun"
+    message = f"warehouse {path} has schema version 999; this matrun knows up to 5: upgrade matrun"
     with pytest.raises(WarehouseError) as err:
         with open_warehouse(path):
             pass
@@ -104,7 +107,7 @@ def test_read_only_refuses_a_warehouse_with_pending_migrations(tmp_path: Path) -
         with open_warehouse(path, read_only=True):
             pass
     assert str(err.value) == (f"warehouse {path} was written by an older matrun (schema version "
-                              "0, this matrun has 4); run `matrun ingest` on it once to upgrade it")
+                              "0, this matrun has 5); run `matrun ingest` on it once to upgrade it")
 
 
 # -- files that are not warehouses -------------------------------------------------------
@@ -130,7 +133,7 @@ def test_a_file_that_is_not_duckdb(tmp_path: Path, read_only: bool) -> None:
         with open_warehouse(path, read_only=read_only):
             pass
     assert str(err.value) == (f"{path} is not a DuckDB database file; point --warehouse at a "
-                              "matrun warehouse or at a new file name")
+                              "matrun warehouse or at a new name")
     assert path.read_text() == "these are my notes, not a database\n" * 200
 
 
@@ -147,22 +150,35 @@ def test_read_only_on_a_duckdb_file_that_is_not_a_warehouse(tmp_path: Path) -> N
 
 # -- a second process ----------------------------------------------------------------------
 
-_HOLDER = """
-import sys, time, duckdb
-con = duckdb.connect(sys.argv[1])
-print("holding", flush=True)
-hold_s = float(sys.argv[2])
-if hold_s > 0:
-    time.sleep(hold_s)
-else:
-    sys.stdin.readline()
-con.close()
+_WRITER = """
+import sys, time
+from matrun.warehouse.db import open_warehouse
+with open_warehouse(sys.argv[1]) as wh:
+    print("holding", flush=True)
+    hold_s = float(sys.argv[2])
+    if hold_s > 0:
+        time.sleep(hold_s)
+    else:
+        sys.stdin.readline()
+"""
+
+_READER = """
+import sys
+import duckdb
+con = duckdb.connect()
+con.execute(open(sys.argv[1]).read())  # the warehouse's attach.sql, as a plain client would
+con.execute("BEGIN TRANSACTION")
+print(con.execute("SELECT count(*) FROM runs").fetchone()[0], flush=True)
+sys.stdin.readline()
+print(con.execute("SELECT count(*) FROM runs").fetchone()[0], flush=True)  # its snapshot
+con.execute("COMMIT")
+print(con.execute("SELECT count(*) FROM runs").fetchone()[0], flush=True)  # the newest
 """
 
 
 def _hold(path: Path, hold_s: float = 0.0) -> subprocess.Popen[str]:
     """A real second process holding the warehouse open for writing."""
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), str(hold_s)],
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(hold_s)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
     return proc
@@ -175,39 +191,58 @@ def _release(proc: subprocess.Popen[str]) -> None:
     proc.wait(timeout=30)
 
 
-def test_second_writer_gets_warehouse_locked(tmp_path: Path) -> None:
+def test_second_writer_waits_then_gets_warehouse_locked_and_readers_never_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "w.duckdb"
     with open_warehouse(path):
         pass
     make_bundle(tmp_path / "results")
+    monkeypatch.setattr(db, "WRITER_WAIT_S", 0.5)
     proc = _hold(path)
     try:
-        expected = (f"warehouse {path} is in use by another matrun process (pid {proc.pid}); "
-                    "wait for it to finish or use a different --warehouse")
+        expected = (f"warehouse {path} is being written by another matrun process (pid "
+                    f"{proc.pid} on {socket.gethostname()}); wait for it to finish or use a "
+                    "different --warehouse")
+        start = time.monotonic()
         with pytest.raises(WarehouseLocked) as err:
             ingest([tmp_path / "results"], warehouse=path)
         assert str(err.value) == expected
-        with pytest.raises(WarehouseLocked) as err:  # waiting a little does not help
-            ingest([tmp_path / "results"], warehouse=path, wait_s=0.3)
-        assert str(err.value) == expected
-        with pytest.raises(WarehouseLocked):
-            run_query("SELECT 1", warehouse=path)
+        assert time.monotonic() - start >= 0.5  # it waited for the other writer first
+        assert run_query("SELECT count(*) FROM runs", warehouse=path)[1] == [(0,)]
     finally:
         _release(proc)
     report = ingest([tmp_path / "results"], warehouse=path)
     assert len(report.ingested) == 1
 
 
-def test_wait_s_retries_until_the_other_writer_is_gone(tmp_path: Path) -> None:
+def test_wait_s_waits_until_the_other_writer_is_gone(tmp_path: Path) -> None:
     path = tmp_path / "w.duckdb"
     proc = _hold(path, hold_s=1.0)
     try:
-        start = time.monotonic()
         with open_warehouse(path, wait_s=60) as wh:
             assert wh.con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
-        assert time.monotonic() - start < 60
     finally:
         proc.wait(timeout=30)
+
+
+def test_a_plain_client_holding_a_snapshot_never_stops_an_ingest(tmp_path: Path) -> None:
+    path = tmp_path / "w.duckdb"
+    with open_warehouse(path):
+        pass
+    reader = subprocess.Popen([sys.executable, "-c", _READER, str(path / "attach.sql")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout is not None and reader.stdout.readline().strip() == "0"
+        make_bundle(tmp_path / "results")
+        assert len(ingest([tmp_path / "results"], warehouse=path).ingested) == 1
+        reader.stdin.write("\n")
+        reader.stdin.flush()
+        assert reader.stdout.readline().strip() == "0"  # the reader's snapshot is unchanged
+        assert reader.stdout.readline().strip() == "1"  # and its next one has the new run
+    finally:
+        reader.stdin.close()
+        reader.wait(timeout=30)
+    assert reader.returncode == 0
 
 
 # -- read-only queries -------------------------------------------------------------------
@@ -228,7 +263,7 @@ def test_run_query_returns_columns_and_rows(filled: Path) -> None:
     assert len(rows) == 1
     run_id, status, started_at = rows[0]
     assert (run_id, status) == ("c0ffee0000000001/0-1", "ok")
-    assert started_at.isoformat() == "2026-11-22T01:50:00+00:00"
+    assert started_at.isoformat() == "2026-11-22T01:50:00"  # TIMESTAMP, in UTC
 
 
 def test_run_query_empty_sql(filled: Path) -> None:
@@ -261,6 +296,9 @@ def test_run_query_reports_duckdb_errors_on_one_line(filled: Path) -> None:
     "INSTALL httpfs",
     "LOAD httpfs",
     "SET enable_external_access = true",
+    "DETACH lake",
+    "CALL ducklake_expire_snapshots('lake', older_than => now())",
+    "SELECT * FROM read_parquet('{tmp}/w.duckdb/data/**/*.parquet') UNION ALL SELECT 1; DROP TABLE runs",
 ])
 def test_hostile_sql_fails_and_changes_nothing(filled: Path, sql: str) -> None:
     tmp = filled.parent

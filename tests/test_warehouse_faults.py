@@ -93,7 +93,10 @@ def fill(disk: Path, leave: int = 0) -> Path:
 
 
 def _fill_results(results: Path, n: int) -> list[Path]:
-    return [make_bundle(results, cell_id=f"{cell:016x}", step_seconds=[0.01] * 2000, warmup_steps=10)
+    # Step times that do not compress: the Parquet files must not fit in what the disk has left.
+    return [make_bundle(results, cell_id=f"{cell:016x}", warmup_steps=10,
+                        step_seconds=[0.01 + ((i * 7919 + cell * 104729) % 100003) * 1e-9
+                                      for i in range(4000)])
             for cell in range(1, n + 1)]
 
 
@@ -120,8 +123,8 @@ def test_ingest_on_a_full_disk_writes_nothing_keeps_the_bundles_and_recovers(
     again = matrun("ingest", results, first, "--warehouse", wh, cwd=tmp_path)
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout == "ingested 30 run(s), 1 unchanged, 0 skipped, 0 incomplete\n"
-    assert counts(wh) == {"runs": 31, "steps": 60_006, "epochs": 62, "monitor_samples": 62}
-    assert [n for _, n in steps_per_run(wh)] == [2000] * 30 + [6]
+    assert counts(wh) == {"runs": 31, "steps": 120_006, "epochs": 62, "monitor_samples": 62}
+    assert [n for _, n in steps_per_run(wh)] == [4000] * 30 + [6]
     assert tree_digest(results) == bundles_before
 
 
@@ -141,7 +144,7 @@ def test_the_library_raises_the_same_error_and_the_same_process_recovers(
     filler.unlink()
     report = ingest([results], warehouse=wh)
     assert report.counts == {"ingested": 30, "unchanged": 0, "skipped": 0, "incomplete": 0}
-    assert counts(wh)["steps"] == 60_000
+    assert counts(wh)["steps"] == 120_000
 
 
 # -- a creation cut short ------------------------------------------------------------------
@@ -198,16 +201,16 @@ def test_a_creation_killed_midway_leaves_no_warehouse_and_the_next_open_cleans_u
     child = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
         "import matrun.warehouse.db as db\n"
-        "real = db.create_views\n"
-        "def slow(con, path):\n"
-        "    real(con, path)\n"
-        "    print('views created', flush=True)\n"
+        "real = db.catalog.write_attach_sql\n"
+        "def slow(layout, final=None):\n"
+        "    real(layout, final=final)\n"
+        "    print('built', flush=True)\n"
         "    time.sleep(600)\n"
-        "db.create_views = slow\n"
+        "db.catalog.write_attach_sql = slow\n"
         "with db.open_warehouse(sys.argv[1]):\n"
         "    pass\n"), str(wh)], stdout=subprocess.PIPE, text=True)
     try:
-        assert child.stdout is not None and child.stdout.readline() == "views created\n"
+        assert child.stdout is not None and child.stdout.readline() == "built\n"
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -234,7 +237,7 @@ def test_an_empty_file_with_a_log_beside_it_is_never_replaced(tmp_path: Path) ->
         with open_warehouse(wh):
             pass
     assert str(err.value) == (f"{wh} is not a DuckDB database file; point --warehouse at a "
-                              "matrun warehouse or at a new file name")
+                              "matrun warehouse or at a new name")
     assert wh.read_bytes() == b"" and wal.read_bytes() == log
 
 

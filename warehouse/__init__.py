@@ -1,10 +1,12 @@
-"""The DuckDB result warehouse: schema migrations, SQL views, bundles and their ingest, and
-the read-only readings built on it (docs/WAREHOUSE.md is the contract other code relies on).
+"""The result warehouse (a DuckLake: a catalog and Parquet files, read with DuckDB): schema
+migrations, SQL views, bundles and their ingest, and the read-only readings built on it (docs/WAREHOUSE.md is the contract other code relies on).
 
 Modules:
 
-- ``db``: open a warehouse: lock, migrations (``migrations/NNN_name.sql``), views
-  (``views/<name>.sql``, macros in ``views/_macros.sql``);
+- ``catalog``: where a warehouse's DuckLake catalog and Parquet data live, the extensions
+  loaded by path, and the ``attach.sql`` any DuckDB client runs to read it;
+- ``db``: open a warehouse: the writers' lock, creation and upgrade, migrations
+  (``migrations/NNN_name.sql``), views (``views/<name>.sql``, macros in ``views/_macros.sql``);
 - ``framework_sql``: the framework facts the views need, rendered from
   ``matrun.frameworks`` as SQL macros (created by ``db`` before ``views/_macros.sql``);
 - ``bundles/``: the result bundle, both sides: ``layout`` (file names, schema version,

@@ -30,6 +30,7 @@ import duckdb
 
 from matrun.errors import InputError, QueryError, WarehouseError
 from matrun.runner.harness.spec import PARAMS  # the cell parameters, declared once (stdlib only)
+from matrun.warehouse import catalog
 from matrun.warehouse.db import open_warehouse
 from matrun.warehouse.query import run_query
 
@@ -49,8 +50,9 @@ def check_warehouse(warehouse: Path | str) -> Path:
     if not path.exists():
         raise InputError(f"warehouse {path} does not exist; run `matrun sweep` or "
                          "`matrun ingest` first to create it")
-    if path.is_dir():
-        raise InputError(f"warehouse {path} is a directory; give the DuckDB file")
+    if path.is_dir() and not catalog.is_warehouse(path):
+        raise InputError(f"warehouse {path} is a directory but not a matrun warehouse; give a "
+                         "warehouse's path")
     return path
 
 

@@ -1,21 +1,35 @@
-"""Opening the DuckDB warehouse: locking, migrations and views (docs/WAREHOUSE.md).
+"""Opening the warehouse: a DuckLake of Parquet files and a catalog (docs/WAREHOUSE.md "Storage").
 
-A writer connection applies pending migrations (``migrations/NNN_name.sql``, once each, in
-a transaction, recorded in ``schema_migrations``) and re-creates the views from
-``views/<name>.sql`` and the macros they call: the framework facts rendered from
-``images/*/framework.toml`` (``framework_sql``), then ``views/_macros.sql``.  A read-only
-connection changes nothing and runs with DuckDB's external access off, so SQL typed by a
-user cannot read or write files.
+A warehouse is a directory: ``catalog.sqlite`` (DuckLake's catalog, in SQLite's
+write-ahead-log mode), ``data/`` (the Parquet files DuckLake writes) and ``attach.sql`` (the
+statements any DuckDB client runs to read it).  Every open is an in-memory DuckDB connection
+that loads the DuckLake and SQLite extensions from their PyPI packages (by path: nothing is
+downloaded) and attaches the lake as ``lake``, in use, so SQL names its tables plainly.
 
-A new warehouse is built beside its path (``.<name>.creating-<host>-<pid>-<token>``),
-migrated and checkpointed there, and only then moved into place, so a creation cut short (a
-full disk, a kill) never leaves a half-made file at the path.  A file such a cut leaves behind (0 bytes,
-or only the first part of DuckDB's header: it never held a committed transaction) is
-recreated by the next open.  A full disk is reported as ``no space left on device: W``.
+Readers never lock anything: each query reads one snapshot of the catalog, so a reader sees
+every ingest whole or not at all, at any moment of a sweep.  Writers take ``.writer.lock``
+(``flock``) for as long as they are open, so two matrun writers on one host queue instead of
+failing; a reader never makes a writer wait.  A warehouse whose ``warehouse.toml`` names a
+PostgreSQL catalog (several hosts, one warehouse) takes no file lock: DuckLake's own
+transactions order its writers (:mod:`matrun.warehouse.catalog`).
+
+A writer applies pending migrations (``migrations/NNN_name.sql``, once each, in a transaction,
+recorded in ``schema_migrations``) and re-creates the views from ``views/<name>.sql`` and the
+macros they call: the framework facts rendered from ``images/*/framework.toml``
+(``framework_sql``), then ``views/_macros.sql``.  A read-only connection changes nothing and
+runs with DuckDB's external access off, so SQL typed by a user cannot read or write files.
+
+A new warehouse is built beside its path and renamed into place, so a creation cut short
+never leaves a half-made warehouse.  A warehouse of the single-file format (a DuckDB file at
+the path, matrun's schema 1 to 4) is upgraded on its first open: its rows are copied into a
+new lake built beside it, the old file is kept inside the new directory as ``legacy.duckdb``,
+and the directory takes the file's place.  A file an older creation cut short (0 bytes, or
+only part of DuckDB's header) held nothing and is replaced.
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import glob
@@ -26,6 +40,7 @@ import secrets
 import shutil
 import socket
 import stat
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,31 +51,36 @@ from typing import Iterator
 import duckdb
 
 from matrun.errors import InputError, WarehouseError, WarehouseLocked
-from matrun.warehouse import framework_sql
+from matrun.warehouse import catalog, framework_sql
 
 #: Marks the views this module owns, so re-creating them never touches a user's own views.
 VIEW_COMMENT_PREFIX = "matrun view: "
-#: Marks the SQL macros of ``views/_macros.sql`` (and the framework macros) the same way.
-MACRO_COMMENT_PREFIX = "matrun macro: "
 MACRO_FILE = "_macros.sql"
 #: A macro whose body is the digest of the macro and view SQL last created, so a writer
-#: connect whose views are already current skips re-creating them (binding the statistics
-#: views takes about half a second).
+#: connect whose views are already current skips re-creating them.
 DIGEST_MACRO = "matrun_views_digest"
+#: A macro listing the names of the macros matrun created (DuckLake keeps no comment on a
+#: macro), so re-creating them never touches a user's own macros.
+OWNED_MACROS = "matrun_macros"
+#: The name the lake is attached under in every connection (and in ``attach.sql``).
+LAKE = "lake"
 
 _MIGRATION_FILE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql\Z")
 _VIEW_FILE = re.compile(r"^([a-z][a-z0-9_]*)\.sql\Z")
 _MACRO = re.compile(r"^\s*CREATE\s+OR\s+REPLACE\s+MACRO\s+([a-z][a-z0-9_]*)\s*\(.*?\)\s+AS\s+(TABLE\b)?",
                     re.I | re.S)
-_LOCK_PID = re.compile(r"\(PID (\d+)\)")
 _RETRY_S = 0.1
+#: A writer waits at least this long for another writer (they hold the lock for seconds).
+WRITER_WAIT_S = 120.0
 #: DuckDB writes its main header and its two database headers (4 KiB each) before anything
 #: else, so a shorter file never held a committed transaction.
 DUCKDB_HEADER_BYTES = 3 * 4096
 _DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of the main header
 _SCRATCH = ".{name}.creating-"  # + "<host>-<pid>-<token>": a warehouse being built beside its path
-_RECREATE_WAIT_S = 30.0  # how long to wait for another process recreating the same file
 _LONG_PATH = 200  # longer paths are shortened in messages
+#: The oldest schema a single-file warehouse can be upgraded from, and the newest.
+LEGACY_SCHEMAS = range(1, 5)
+LEGACY_NAME = "legacy.duckdb"
 
 
 @dataclass(frozen=True)
@@ -82,58 +102,81 @@ class Migration:
 @contextmanager
 def open_warehouse(path: Path | str, *, read_only: bool = False,
                    wait_s: float = 0.0) -> Iterator[Warehouse]:
-    """Open the warehouse file for the duration of a ``with`` block.
+    """Open the warehouse at ``path`` for the duration of a ``with`` block.
 
-    A writer creates the file if needed (built beside it, then moved into place), applies
-    pending migrations and re-creates the views.  Reader or writer, a file that a creation
-    cut short left behind (see :func:`unfinished`) is recreated first.  ``wait_s`` retries a
-    lock held by another process for that many seconds before raising
-    :class:`WarehouseLocked`.  A full disk raises ``WarehouseError("no space left on device:
-    W; …")``; a path the system refuses (too long) raises ``InputError``.
+    A writer creates it if needed (built beside the path, then renamed into place), waits for
+    another writer (up to ``max(wait_s, WRITER_WAIT_S)`` seconds, then
+    :class:`WarehouseLocked`), applies pending migrations and re-creates the views.  A reader
+    waits for nothing.  Reader or writer, a single-file warehouse is upgraded first.  A full
+    disk raises ``WarehouseError("no space left on device: W; …")``; a path the system
+    refuses (too long) raises ``InputError``.
     """
     path = Path(path)
     _prepare(path, read_only=read_only, wait_s=wait_s)
-    con = _connect(path, read_only=read_only, wait_s=wait_s)
+    layout = catalog.layout(path)
     if read_only:
+        con = _connect(layout, read_only=True)
         try:
             _check_schema_readable(con, path)
             stale = not views_current(con)
         except duckdb.Error as exc:
             con.close()
-            raise WarehouseError(f"warehouse {path}: {_first_line(exc)}") from None
+            raise WarehouseError(f"warehouse {shown(path)}: {_first_line(exc)}") from None
         except BaseException:
             con.close()
             raise
         if stale:  # written by another matrun version: bring its views up to date, then read
             con.close()
-            _refresh_views(path, wait_s)
-            con = _connect(path, read_only=True, wait_s=wait_s)
-    try:
+            _refresh_views(layout, wait_s)
+            con = _connect(layout, read_only=True)
         try:
-            if not read_only:
+            yield Warehouse(path=path, con=con, read_only=True)
+        finally:
+            con.close()
+        return
+    with _writer_lock(layout, wait_s):
+        con = _connect(layout, read_only=False)
+        try:
+            try:
                 apply_migrations(con, path)
                 create_views(con, path)
-        except duckdb.Error as exc:
-            raise database_error(path, exc) from None
-        yield Warehouse(path=path, con=con, read_only=read_only)
-    finally:
-        con.close()
+                catalog.write_attach_sql(layout)
+            except duckdb.Error as exc:
+                raise database_error(path, exc) from None
+            except OSError as exc:
+                raise os_error(path, exc) from None
+            yield Warehouse(path=path, con=con, read_only=False)
+        finally:
+            con.close()
 
 
 def _prepare(path: Path, *, read_only: bool, wait_s: float) -> None:
-    """Make sure ``path`` is a warehouse DuckDB can open: recreate one a creation cut short;
-    for a writer, create a missing one (and its parent directories)."""
+    """Make sure ``path`` is a warehouse directory: finish or run the upgrade of a
+    single-file warehouse, replace a file an older creation cut short; for a writer, create
+    a missing warehouse (and its parent directories)."""
     try:
         if not read_only:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _remove_abandoned(path)
-        if unfinished(path):
-            _recreate(path, wait_s)
-        elif _stat(path) is None:
+        _remove_abandoned(path)
+        _finish_upgrade(path)
+        st = _stat(path)
+        if st is not None and stat.S_ISREG(st.st_mode):
+            if unfinished(path):
+                _replace_unfinished(path)
+            else:
+                _upgrade(path, wait_s)
+        elif st is None:
             if read_only:
-                raise WarehouseError(f"warehouse {path} does not exist; run `matrun sweep` or "
-                                     "`matrun ingest` first to create it")
+                raise WarehouseError(f"warehouse {shown(path)} does not exist; run `matrun sweep` "
+                                     "or `matrun ingest` first to create it")
             _create(path)
+        elif not stat.S_ISDIR(st.st_mode):
+            raise WarehouseError(f"warehouse {shown(path)} is neither a warehouse directory nor a "
+                                 "file; point --warehouse at a matrun warehouse or a new name")
+        elif not catalog.is_warehouse(path):
+            raise WarehouseError(f"{shown(path)} is a directory but not a matrun warehouse (it has "
+                                 f"no {catalog.CATALOG} or {catalog.CONFIG}); point --warehouse "
+                                 "at a matrun warehouse or at a new name")
     except OSError as exc:
         raise os_error(path, exc) from None
     except duckdb.Error as exc:
@@ -153,7 +196,9 @@ def is_no_space(exc: BaseException) -> bool:
     """Whether ``exc`` (an ``OSError`` or a DuckDB error) says the disk is full."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
-    return "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc)
+    text = str(exc)
+    return ("No space left on device" in text or "Disk quota exceeded" in text
+            or "database or disk is full" in text)
 
 
 def no_space_error(path: Path, detail: str = "nothing was written to it; free some space and "
@@ -187,7 +232,129 @@ def rollback(con: duckdb.DuckDBPyConnection) -> None:
         pass
 
 
-# -- creating and recreating the file ----------------------------------------------------
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# -- connecting --------------------------------------------------------------------------
+
+
+#: Open DuckDB instances with a lake attached, by (process, warehouse, catalog file, mode):
+#: loading the two extensions costs about 0.15 s, so each ``open_warehouse`` takes a new
+#: connection (a cursor) of its process's instance instead of a new instance.
+_INSTANCES: dict[tuple[object, ...], duckdb.DuckDBPyConnection] = {}
+_MAX_INSTANCES = 8
+
+
+def _connect(layout: catalog.Layout, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+    """A connection with the lake attached and in use; for a reader, external access off
+    (but for the data directory) and the configuration locked."""
+    key = (os.getpid(), str(layout.path), layout.catalog, _catalog_identity(layout), read_only)
+    base = _INSTANCES.get(key)
+    if base is not None:
+        try:
+            con = base.cursor()
+            con.execute(f"USE {LAKE}")
+            return con
+        except duckdb.Error:
+            _forget(key)
+    base = _instance(layout, read_only=read_only)
+    while len(_INSTANCES) >= _MAX_INSTANCES:
+        _forget(next(iter(_INSTANCES)))
+    _INSTANCES[key] = base
+    con = base.cursor()
+    con.execute(f"USE {LAKE}")
+    return con
+
+
+def _catalog_identity(layout: catalog.Layout) -> tuple[int, int] | None:
+    """The catalog file's (device, inode): a warehouse made anew at the same path is another."""
+    if not layout.local:
+        return None
+    st = _stat(layout.path / catalog.CATALOG)
+    return None if st is None else (st.st_dev, st.st_ino)
+
+
+def _forget(key: tuple[object, ...]) -> None:
+    base = _INSTANCES.pop(key, None)
+    if base is not None:
+        try:
+            base.close()
+        except duckdb.Error:
+            pass
+
+
+def forget_instances(path: Path | str | None = None) -> None:
+    """Close this process's cached instances (of the warehouse at ``path``, or all)."""
+    where = None if path is None else str(Path(os.path.abspath(path)))
+    for key in list(_INSTANCES):
+        if where is None or key[1] == where:
+            _forget(key)
+
+
+def _instance(layout: catalog.Layout, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+    try:
+        con = duckdb.connect()
+    except duckdb.Error as exc:
+        raise WarehouseError(f"could not open warehouse {shown(layout.path)}: {_first_line(exc)}") from None
+    try:
+        for statement in catalog.attach_statements(layout, read_only=read_only):
+            con.execute(statement)
+        if read_only:
+            data = str(layout.data).replace("'", "''") + os.sep
+            con.execute(f"SET allowed_directories = ['{data}']")
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+    except duckdb.Error as exc:
+        con.close()
+        if is_no_space(exc):
+            raise no_space_error(layout.path) from None
+        raise WarehouseError(f"could not open warehouse {shown(layout.path)}: "
+                             f"{_first_line(exc)}") from None
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+@contextmanager
+def _writer_lock(layout: catalog.Layout, wait_s: float) -> Iterator[None]:
+    """Hold the warehouse's writer lock (a local catalog's ``.writer.lock``) for the block;
+    wait up to ``max(wait_s, WRITER_WAIT_S)`` for another writer.  A PostgreSQL catalog's
+    writers are ordered by its transactions and take no file lock."""
+    if not layout.local:
+        yield
+        return
+    lock = layout.path / catalog.WRITER_LOCK
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + max(wait_s, WRITER_WAIT_S)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise
+                if time.monotonic() > deadline:
+                    raise WarehouseLocked(_locked_message(layout.path, fd)) from None
+                time.sleep(_RETRY_S)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{socket.gethostname()} {os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _locked_message(path: Path, fd: int) -> str:
+    holder = os.pread(fd, 200, 0).decode(errors="replace").split()
+    who = f" (pid {holder[1]} on {holder[0]})" if len(holder) == 2 else ""
+    return (f"warehouse {shown(path)} is being written by another matrun process{who}; "
+            "wait for it to finish or use a different --warehouse")
+
+
+# -- creating the directory, upgrading a single-file warehouse ---------------------------
 
 
 def _stat(path: Path) -> os.stat_result | None:
@@ -202,10 +369,10 @@ def _wal(path: Path) -> Path:
 
 
 def unfinished(path: Path) -> bool:
-    """Whether ``path`` is what a warehouse creation cut short leaves behind, and nothing
-    else: a regular file of 0 bytes, or shorter than DuckDB's header and starting with it,
-    with no write-ahead log holding anything beside it.  Such a file never held a committed
-    transaction (DuckDB cannot even open it), so recreating it loses nothing."""
+    """Whether ``path`` is what a single-file warehouse creation cut short leaves behind, and
+    nothing else: a regular file of 0 bytes, or shorter than DuckDB's header and starting
+    with it, with no write-ahead log holding anything beside it.  Such a file never held a
+    committed transaction, so replacing it loses nothing."""
     st = _stat(path)
     if st is None or not stat.S_ISREG(st.st_mode) or st.st_size >= DUCKDB_HEADER_BYTES:
         return False
@@ -219,75 +386,238 @@ def unfinished(path: Path) -> bool:
     return len(head) == 12 and head[8:12] == _DUCKDB_MAGIC
 
 
-def _recreate(path: Path, wait_s: float) -> None:
-    """Replace an unfinished file with a new warehouse.  The replacer holds a lock on the
-    old file and checks that the path still names it, so two processes never both do it."""
+def _scratch(path: Path, kind: str = "creating") -> Path:
+    return path.with_name(f".{path.name}.{kind}-{socket.gethostname()}-{os.getpid()}-"
+                          f"{secrets.token_hex(4)}")
+
+
+def _build(scratch: Path, path: Path) -> duckdb.DuckDBPyConnection:
+    """A new, empty lake in ``scratch`` (migrations, views); returns its writer connection.
+    The first build of a process is kept as a template the later ones copy (creating the
+    views costs about half a second; copying the catalog, milliseconds)."""
+    template = _template(path)
+    shutil.copytree(template, scratch)
+    return _connect(catalog.layout(scratch), read_only=False)
+
+
+_TEMPLATES: dict[str, Path] = {}
+_TEMPLATE_PREFIX = "matrun-lake-template-"
+
+
+def _remove_dead_templates() -> None:
+    """Remove the templates processes killed before their exit left in the temporary directory."""
+    for name in glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), _TEMPLATE_PREFIX + "*")):
+        pid = os.path.basename(name)[len(_TEMPLATE_PREFIX):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(name, ignore_errors=True)
+
+
+def _template(path: Path) -> Path:
+    """This process's empty lake of the current schema and views, built once."""
+    digest = hashlib.sha256(repr(([m.sql for m in migrations()], view_sql(),
+                                  macro_sql())).encode()).hexdigest()[:16]
+    found = _TEMPLATES.get(digest)
+    if found is not None and found.is_dir():
+        return found
+    _remove_dead_templates()
+    home = Path(tempfile.mkdtemp(prefix=f"{_TEMPLATE_PREFIX}{os.getpid()}-"))
+    atexit.register(shutil.rmtree, home, True)
+    lake = home / "lake"
+    lake.mkdir()
+    lay = catalog.layout(lake)
+    catalog.create_local(lay)
+    con = _instance(lay, read_only=False)
     try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError as exc:
-        if is_no_space(exc) or exc.errno == errno.ENAMETOOLONG:
-            raise
-        raise WarehouseError(f"warehouse {shown(path)} is empty (its creation was cut short) and "
-                             f"cannot be recreated here: {exc.strerror or exc}") from None
+        con.execute(f"USE {LAKE}")
+        apply_migrations(con, path)
+        create_views(con, path)
+    finally:
+        con.close()
+    _TEMPLATES[digest] = lake
+    return lake
+
+
+def _create(path: Path) -> None:
+    """Build a new warehouse beside ``path`` and rename it into place; when another process
+    created one meanwhile, theirs is kept and ours removed."""
+    scratch = _scratch(path)
     try:
-        deadline = time.monotonic() + max(wait_s, _RECREATE_WAIT_S)
-        while True:
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EACCES, errno.EAGAIN) or time.monotonic() > deadline:
-                    raise
-                time.sleep(_RETRY_S)
-        mine, now = os.fstat(fd), _stat(path)
-        if now is None or (mine.st_dev, mine.st_ino) != (now.st_dev, now.st_ino) or not unfinished(path):
-            return  # another process recreated it meanwhile
+        _build(scratch, path).close()
+        forget_instances(scratch)
+        catalog.write_attach_sql(catalog.layout(scratch), final=path)
+        _fsync(scratch)
+        try:
+            os.rename(scratch, path)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
+                raise
+            return  # another process created it first: theirs is the warehouse
+        _fsync(path.parent)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _replace_unfinished(path: Path) -> None:
+    """Replace a file an older single-file creation cut short with a new warehouse."""
+    with _upgrade_lock(path, 30.0, "is empty (its creation was cut short) and cannot be recreated here"):
+        if not unfinished(path):
+            return  # another process replaced it meanwhile
         try:
             _wal(path).unlink()  # empty (unfinished() checked): nothing in it
         except FileNotFoundError:
             pass
-        _create(path, replace=True)
+        path.unlink()
+        _create(path)
+
+
+@contextmanager
+def _upgrade_lock(path: Path, wait_s: float, cannot: str) -> Iterator[None]:
+    """One process at a time upgrades (or replaces) the file at ``path``; ``cannot`` says
+    what the file is when its directory cannot be written."""
+    lock = path.with_name(f".{path.name}.upgrade.lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if is_no_space(exc) or exc.errno == errno.ENAMETOOLONG:
+            raise
+        raise WarehouseError(f"warehouse {shown(path)} {cannot}: {exc.strerror or exc}") from None
+    try:
+        deadline = time.monotonic() + max(wait_s, WRITER_WAIT_S)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EAGAIN) or time.monotonic() > deadline:
+                    raise WarehouseLocked(f"warehouse {shown(path)} is being upgraded by another "
+                                          "matrun process; run the command again once it is done") from None
+                time.sleep(_RETRY_S)
+        yield
     finally:
         os.close(fd)
-
-
-def _create(path: Path, *, replace: bool = False) -> None:
-    """Build a new, empty warehouse beside ``path`` (migrations, views, a checkpoint) and
-    move it into place: a hard link, which never replaces a warehouse another process made
-    meanwhile (theirs is kept), or with ``replace`` a rename over the unfinished file."""
-    scratch = path.with_name(_SCRATCH.format(name=path.name)
-                             + f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        con = duckdb.connect(str(scratch))
         try:
-            apply_migrations(con, path)
-            create_views(con, path)
-            con.execute("CHECKPOINT")
-        finally:
-            con.close()
-        if _stat(_wal(scratch)) is not None:  # the checkpoint on close did not finish
-            raise WarehouseError(f"could not create warehouse {shown(path)}: DuckDB left a "
-                                 "write-ahead log it could not check in")
-        _fsync(scratch)
-        if replace:
-            os.replace(scratch, path)
-        else:
-            _link_into_place(scratch, path)
-        _fsync(path.parent)
-    finally:
-        _remove_scratch(scratch)
+            lock.unlink()
+        except FileNotFoundError:
+            pass
 
 
-def _link_into_place(scratch: Path, path: Path) -> None:
-    try:
-        os.link(scratch, path)
-    except FileExistsError:
-        pass  # another process created it first: theirs is the warehouse
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
-            raise
-        if _stat(path) is None:  # a file system without hard links
+def _upgrade(path: Path, wait_s: float) -> None:
+    """Upgrade the single-file warehouse at ``path`` into a lake (module docstring)."""
+    with _upgrade_lock(path, wait_s, "is in the single-file format of an older matrun and cannot "
+                                     "be upgraded here (run `matrun ingest` on it where it is "
+                                     "writable)"):
+        st = _stat(path)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            return  # another process upgraded it meanwhile
+        _check_legacy(path)
+        scratch = _scratch(path, "upgrading")
+        try:
+            con = _build(scratch, path)
+            try:
+                _copy_legacy(con, path)
+            finally:
+                con.close()
+                forget_instances(scratch)
+            catalog.write_attach_sql(catalog.layout(scratch), final=path)
+            (scratch / catalog.UPGRADED).write_text(f"{path.name}\n", encoding="utf-8")
+            _fsync(scratch)
+            os.rename(path, scratch / LEGACY_NAME)  # from here on, _finish_upgrade completes it
             os.rename(scratch, path)
+            _fsync(path.parent)
+        except BaseException:
+            if _stat(path) is None and (scratch / LEGACY_NAME).exists():
+                os.rename(scratch / LEGACY_NAME, path)  # put the old file back
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+
+
+def _check_legacy(path: Path) -> None:
+    """Check the file at ``path`` is a matrun single-file warehouse this matrun can upgrade,
+    and fold its write-ahead log into it."""
+    try:
+        con = duckdb.connect(str(path))
+    except duckdb.IOException as exc:
+        message = str(exc)
+        if "Could not set lock on file" in message:
+            raise WarehouseLocked(f"warehouse {shown(path)} (single-file format) is open in "
+                                  "another process; close it, then run the command again to "
+                                  "upgrade it") from None
+        if "not a valid DuckDB database file" in message:
+            raise WarehouseError(f"{shown(path)} is not a DuckDB database file; point --warehouse "
+                                 "at a matrun warehouse or at a new name") from None
+        raise WarehouseError(f"could not open warehouse {shown(path)}: {_first_line(exc)}") from None
+    except duckdb.Error as exc:
+        raise WarehouseError(f"could not open warehouse {shown(path)}: {_first_line(exc)}") from None
+    try:
+        tables = {row[0] for row in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+        if "schema_migrations" not in tables:
+            raise WarehouseError(f"{shown(path)} is a DuckDB file but not a matrun warehouse "
+                                 "(it has no schema_migrations table)")
+        version = max((v for (v,) in con.execute("SELECT version FROM schema_migrations").fetchall()),
+                      default=0)
+        if version > LEGACY_SCHEMAS[-1]:
+            raise WarehouseError(f"warehouse {shown(path)} has schema version {version} in the "
+                                 "single-file format, which this matrun does not know: upgrade matrun")
+        con.execute("CHECKPOINT")
+    except duckdb.Error as exc:
+        raise database_error(path, exc) from None
+    finally:
+        con.close()
+
+
+def _copy_legacy(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Copy every row of the single-file warehouse at ``path`` into the lake ``con`` uses,
+    in one transaction: columns by name (an older schema's missing ones stay NULL), time
+    stamps converted to UTC (the connection's time zone)."""
+    escaped = str(path).replace("'", "''")
+    con.execute(f"ATTACH '{escaped}' AS legacy (READ_ONLY)")
+    try:
+        con.execute("BEGIN TRANSACTION")
+        try:
+            mine = _table_columns(con, LAKE)
+            theirs = _table_columns(con, "legacy")
+            for table, columns in mine.items():
+                if table == "schema_migrations" or table not in theirs:
+                    continue
+                shared = [c for c in columns if c in theirs[table]]
+                names = ", ".join(f'"{c}"' for c in shared)
+                con.execute(f'INSERT INTO {LAKE}.main."{table}" ({names}) '
+                            f'SELECT {names} FROM legacy.main."{table}"')
+            con.execute("COMMIT")
+        except BaseException:
+            rollback(con)
+            raise
+    finally:
+        con.execute("DETACH legacy")
+
+
+def _table_columns(con: duckdb.DuckDBPyConnection, database: str) -> dict[str, list[str]]:
+    rows = con.execute(
+        "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = ? "
+        "AND schema_name = 'main' AND NOT internal ORDER BY table_name, column_index",
+        [database]).fetchall()
+    columns: dict[str, list[str]] = {}
+    for table, column in rows:
+        columns.setdefault(table, []).append(column)
+    return columns
+
+
+def _finish_upgrade(path: Path) -> None:
+    """Complete an upgrade cut short between its two renames: the old file is already inside
+    the new directory, which did not yet take the path."""
+    if _stat(path) is not None:
+        return
+    pattern = glob.escape(str(path.with_name(f".{path.name}.upgrading-"))) + "*"
+    for name in sorted(glob.glob(pattern)):
+        done = Path(name)
+        if (done / catalog.UPGRADED).is_file() and (done / LEGACY_NAME).is_file():
+            try:
+                os.rename(done, path)
+            except OSError:
+                continue
+            _fsync(path.parent)
+            return
 
 
 def _fsync(path: Path) -> None:
@@ -295,27 +625,30 @@ def _fsync(path: Path) -> None:
     try:
         os.fsync(fd)
     except OSError:
-        pass  # some file systems cannot fsync a directory; the data is DuckDB-synced already
+        pass  # some file systems cannot fsync a directory
     finally:
         os.close(fd)
 
 
-def _remove_scratch(scratch: Path) -> None:
-    for leftover in (scratch, _wal(scratch)):
-        try:
-            leftover.unlink()
-        except FileNotFoundError:
-            pass
-    shutil.rmtree(scratch.with_name(scratch.name + ".tmp"), ignore_errors=True)
-
-
 def _remove_abandoned(path: Path) -> None:
-    """Remove what a creation killed on this host left beside ``path`` (its process is gone)."""
-    prefix = str(path.with_name(_SCRATCH.format(name=path.name) + f"{socket.gethostname()}-"))
-    for name in glob.glob(glob.escape(prefix) + "*"):
-        pid = name[len(prefix):].split("-")[0]
-        if pid.isdigit() and not name.endswith((".wal", ".tmp")) and not _alive(int(pid)):
-            _remove_scratch(Path(name))
+    """Remove what a creation or upgrade killed on this host left beside ``path`` (its
+    process is gone; an upgrade whose old file is already inside is finished instead)."""
+    for kind in ("creating", "upgrading"):
+        prefix = str(path.with_name(f".{path.name}.{kind}-{socket.gethostname()}-"))
+        for name in glob.glob(glob.escape(prefix) + "*"):
+            pid = name[len(prefix):].split("-")[0]
+            if not pid.isdigit() or _alive(int(pid)):
+                continue
+            if kind == "upgrading" and (Path(name) / LEGACY_NAME).exists():
+                continue  # holds the old file: _finish_upgrade moves it into place
+            if os.path.isdir(name):
+                shutil.rmtree(name, ignore_errors=True)
+            else:  # the single-file format's scratch file (and its log)
+                for leftover in (name, name + ".wal"):
+                    try:
+                        os.unlink(leftover)
+                    except FileNotFoundError:
+                        pass
 
 
 def _alive(pid: int) -> bool:
@@ -328,62 +661,33 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _refresh_views(path: Path, wait_s: float) -> None:
+def _refresh_views(layout: catalog.Layout, wait_s: float) -> None:
     """Re-create the views of a warehouse whose views are not this matrun's (a reader found
     them stale).  Only matrun's own views and macros change; the data is not touched."""
+    path = layout.path
     try:
-        con = _connect(path, read_only=False, wait_s=wait_s)
+        with _writer_lock(layout, wait_s):
+            con = _connect(layout, read_only=False)
+            try:
+                create_views(con, path)
+            finally:
+                con.close()
     except WarehouseLocked:
-        raise WarehouseError(f"warehouse {path} has the views of another matrun version and is being "
-                             "written now; run `matrun ingest` on it once the writer is done") from None
-    except duckdb.Error as exc:  # e.g. a read-only file system
+        raise WarehouseError(f"warehouse {shown(path)} has the views of another matrun version and "
+                             "is being written now; run `matrun ingest` on it once the writer is "
+                             "done") from None
+    except OSError as exc:  # e.g. a read-only file system
         if is_no_space(exc):
             raise no_space_error(path) from None
-        raise WarehouseError(f"warehouse {path} has the views of another matrun version and cannot be "
-                             f"updated here ({_first_line(exc)}); run `matrun ingest` on it where it "
-                             "is writable") from None
-    try:
-        create_views(con, path)
+        raise WarehouseError(f"warehouse {shown(path)} has the views of another matrun version and "
+                             f"cannot be updated here ({exc.strerror or exc}); run `matrun ingest` "
+                             "on it where it is writable") from None
     except duckdb.Error as exc:
         raise database_error(path, exc) from None
-    finally:
-        con.close()
-
-
-def _connect(path: Path, *, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnection:
-    config = {"enable_external_access": False, "lock_configuration": True} if read_only else {}
-    deadline = time.monotonic() + max(0.0, wait_s)
-    while True:
-        try:
-            return duckdb.connect(str(path), read_only=read_only, config=config)
-        except duckdb.IOException as exc:
-            message = str(exc)
-            if "Could not set lock on file" in message:
-                remaining = deadline - time.monotonic()
-                if remaining > 0:
-                    time.sleep(min(_RETRY_S, remaining))
-                    continue
-                raise WarehouseLocked(_locked_message(path, message)) from None
-            if is_no_space(exc):
-                raise no_space_error(path) from None
-            if "not a valid DuckDB database file" in message:
-                raise WarehouseError(f"{path} is not a DuckDB database file; point --warehouse "
-                                     "at a matrun warehouse or at a new file name") from None
-            raise WarehouseError(f"could not open warehouse {path}: {_first_line(exc)}") from None
-        except duckdb.Error as exc:
-            raise WarehouseError(f"could not open warehouse {path}: {_first_line(exc)}") from None
-
-
-def _locked_message(path: Path, duckdb_message: str) -> str:
-    match = _LOCK_PID.search(duckdb_message)
-    holder = f" (pid {match.group(1)})" if match else ""
-    return (f"warehouse {path} is in use by another matrun process{holder}; "
-            "wait for it to finish or use a different --warehouse")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    except WarehouseError as exc:
+        raise WarehouseError(f"warehouse {shown(path)} has the views of another matrun version and "
+                             f"cannot be updated here ({exc}); run `matrun ingest` on it where it "
+                             "is writable") from None
 
 
 # -- migrations --------------------------------------------------------------------------
@@ -408,9 +712,9 @@ def apply_migrations(con: duckdb.DuckDBPyConnection, path: Path) -> list[int]:
     """Apply each pending migration in its own transaction; return the versions applied."""
     con.execute("""
         CREATE TABLE IF NOT EXISTS schema_migrations (
-            version     INTEGER PRIMARY KEY,
+            version     INTEGER NOT NULL,
             name        VARCHAR NOT NULL,
-            applied_at  TIMESTAMPTZ NOT NULL DEFAULT current_timestamp
+            applied_at  TIMESTAMP NOT NULL DEFAULT current_timestamp
         )""")
     known = migrations()
     applied = _applied_versions(con)
@@ -448,7 +752,8 @@ def _refuse_newer(path: Path, applied: set[int], known: list[Migration]) -> None
 
 def _check_schema_readable(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     tables = {row[0] for row in con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "
+        "AND database_name = current_database()").fetchall()}
     if "schema_migrations" not in tables:
         raise WarehouseError(f"{path} is a DuckDB file but not a matrun warehouse "
                              "(it has no schema_migrations table)")
@@ -502,27 +807,29 @@ def _views_digest(views: dict[str, str], macros: list[tuple[str, bool, str]]) ->
 
 
 def _owned(con: duckdb.DuckDBPyConnection) -> tuple[list[str], list[tuple[str, str]]]:
-    """The views and macros matrun created in this file (marked by their comment)."""
+    """The views (marked by their comment) and macros (listed by ``OWNED_MACROS``) matrun
+    created in this warehouse, the macros with their kind."""
     views = [name for (name,) in con.execute(
         "SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' "
         "AND database_name = current_database() AND starts_with(comment, ?)",
         [VIEW_COMMENT_PREFIX]).fetchall()]
-    macros = con.execute(
+    present = dict(con.execute(
         "SELECT DISTINCT function_name, function_type FROM duckdb_functions() "
         "WHERE schema_name = 'main' AND database_name = current_database() "
-        "AND function_type IN ('macro', 'table_macro') AND starts_with(comment, ?)",
-        [MACRO_COMMENT_PREFIX]).fetchall()
-    return views, macros
+        "AND function_type IN ('macro', 'table_macro')").fetchall())
+    listed = con.execute(f"SELECT {OWNED_MACROS}()").fetchone()[0] if OWNED_MACROS in present else []
+    names = [*listed, OWNED_MACROS, DIGEST_MACRO]
+    return views, [(name, present[name]) for name in names if name in present]
 
 
 def _current(con, views, macros, old, old_macros, digest) -> bool:
     return (set(old) == set(views)
-            and {name for name, _ in old_macros} == {name for name, _, _ in macros} | {DIGEST_MACRO}
+            and {name for name, _ in old_macros} == {name for name, _, _ in macros} | {DIGEST_MACRO, OWNED_MACROS}
             and con.execute(f"SELECT {DIGEST_MACRO}()").fetchall() == [(digest,)])
 
 
 def views_current(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the file holds exactly this matrun's views and macros."""
+    """Whether the warehouse holds exactly this matrun's views and macros."""
     views, macros = view_sql(), macro_sql()
     old, old_macros = _owned(con)
     return _current(con, views, macros, old, old_macros, _views_digest(views, macros))
@@ -532,7 +839,7 @@ def create_views(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Drop the views and macros matrun made before and create the current ones (macros
     first, then views in dependency order), in one transaction.  Nothing is done when the
     warehouse already has exactly the current ones (same SQL digest, every view and macro
-    present with matrun's comment)."""
+    present)."""
     views = view_sql()
     order = _dependency_order(views)
     macros = macro_sql()
@@ -547,17 +854,18 @@ def create_views(con: duckdb.DuckDBPyConnection, path: Path) -> None:
             con.execute(f'DROP VIEW IF EXISTS "{name}"')
         for name, kind in old_macros:
             con.execute(f'DROP MACRO {"TABLE " if kind == "table_macro" else ""}IF EXISTS "{name}"')
-        statements = [*macros, (DIGEST_MACRO, False, f"CREATE OR REPLACE MACRO {DIGEST_MACRO}() AS '{digest}'")]
+        names = ", ".join(f"'{name}'" for name, _, _ in macros)
+        statements = [*macros,
+                      (DIGEST_MACRO, False, f"CREATE OR REPLACE MACRO {DIGEST_MACRO}() AS '{digest}'"),
+                      (OWNED_MACROS, False, f"CREATE OR REPLACE MACRO {OWNED_MACROS}() AS [{names}]::VARCHAR[]")]
         rendered = {name for name, _ in framework_sql.framework_macros()}
-        for name, is_table, sql in statements:
+        for name, _, sql in statements:
             source = framework_sql.SOURCE if name in rendered else f"views/{MACRO_FILE}"
             try:
                 con.execute(sql)
             except duckdb.Error as exc:
                 raise WarehouseError(f"warehouse {path}: macro {name} ({source}) failed: "
                                      f"{_first_line(exc)}") from None
-            con.execute(f"COMMENT ON MACRO {'TABLE ' if is_table else ''}\"{name}\" IS "
-                        f"'{MACRO_COMMENT_PREFIX}{source}'")
         for name in order:
             try:
                 con.execute(f'CREATE OR REPLACE VIEW "{name}" AS\n{views[name]}\n')

@@ -542,12 +542,16 @@ def register_study(con: duckdb.DuckDBPyConnection, decl: StudyDecl, *, profile: 
         raise InputError(f"register_study: bad matrix path {_show(matrix)}")
     if not all(isinstance(c, str) and 0 < len(c) <= 128 for c in cell_ids):
         raise InputError("register_study: every cell id must be a non-empty text of at most 128 characters")
+    ids = [finding.id for finding in decl.findings]
+    if len(set(ids)) != len(ids):  # the lake has no key to refuse them: refused here
+        raise InputError(f"register_study: study {decl.id} declares a finding id twice")
     cells = sorted(set(cell_ids))
     declared = datetime.now(timezone.utc).replace(tzinfo=None)
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM study_findings WHERE study = ?", [decl.id])
-        con.execute("INSERT OR REPLACE INTO studies (study, title, seed, source, needs, gpus, \"view\", "
+        con.execute("DELETE FROM studies WHERE study = ?", [decl.id])
+        con.execute("INSERT INTO studies (study, title, seed, source, needs, gpus, \"view\", "
                     "matrix, paper, declared_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [decl.id, decl.title, decl.seed, decl.source, decl.needs, decl.gpus, decl.view,
                      matrix, decl.paper_json(), declared])

@@ -14,6 +14,11 @@ COLUMNS = ("tag", "image_id", "framework", "variant", "content_hash", "recipe_ha
            "blas", "onednn", "openmp", "pins", "probe")
 
 
+def _utc(moment: datetime) -> datetime:
+    """A time as the warehouse stores it: TIMESTAMP in UTC, without a time zone."""
+    return moment.astimezone(timezone.utc).replace(tzinfo=None) if moment.tzinfo else moment
+
+
 def image_row(built: Any, *, now: datetime | None = None) -> dict[str, Any]:
     """One row of the table from a ``BuiltImage`` of ``matrun build`` (``runner/environments/``)."""
     probe = built.probe
@@ -22,7 +27,7 @@ def image_row(built: Any, *, now: datetime | None = None) -> dict[str, Any]:
         "tag": built.tag, "image_id": built.image_id, "framework": built.framework, "variant": built.variant,
         "content_hash": built.content_hash, "recipe_hash": built.recipe_hash or None,
         "base_image": built.base_image or None, "size_bytes": built.size_bytes,
-        "build_seconds": built.build_seconds, "recorded_at": now or datetime.now(timezone.utc),
+        "build_seconds": built.build_seconds, "recorded_at": _utc(now or datetime.now(timezone.utc)),
         "framework_version": getattr(probe, "framework_version", None), "python": getattr(probe, "python", None),
         "cuda": getattr(probe, "cuda", None), "cudnn": getattr(probe, "cudnn", None),
         "blas": getattr(probe, "blas", None), "onednn": getattr(probe, "onednn", None),
@@ -42,15 +47,17 @@ def record_images(warehouse: Path | str, built: Iterable[Any]) -> int:
         return 0
     placeholders = ", ".join("?" for _ in COLUMNS)
     keep = ("build_seconds", "framework_version", "python", "cuda", "cudnn", "blas", "onednn", "openmp", "probe")
-    updates = ", ".join(f"{c} = coalesce(excluded.{c}, images.{c})" if c in keep else f"{c} = excluded.{c}"
-                        for c in COLUMNS if c != "tag")
     with open_warehouse(warehouse, wait_s=30.0) as wh:
         wh.con.execute("BEGIN")
         try:
-            wh.con.executemany(
-                f"INSERT INTO images ({', '.join(COLUMNS)}) VALUES ({placeholders}) "
-                f"ON CONFLICT (tag) DO UPDATE SET {updates}",
-                [[row[c] for c in COLUMNS] for row in rows])
+            for row in rows:  # the lake has no upsert: read the old row, delete it, insert
+                cur = wh.con.execute(f"SELECT {', '.join(keep)} FROM images WHERE tag = ?", [row["tag"]])
+                old = cur.fetchone()
+                if old is not None:
+                    row = {**row, **{c: v for c, v in zip(keep, old) if row[c] is None}}
+                    wh.con.execute("DELETE FROM images WHERE tag = ?", [row["tag"]])
+                wh.con.execute(f"INSERT INTO images ({', '.join(COLUMNS)}) VALUES ({placeholders})",
+                               [row[c] for c in COLUMNS])
             wh.con.execute("COMMIT")
         except BaseException:
             wh.con.execute("ROLLBACK")

@@ -23,6 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from matrun.errors import BundleError, InputError, WarehouseError
+from matrun.warehouse.bundles.layout import EVENTS, MONITOR, RESULT, SPEC
 from matrun.warehouse.bundles.read import BadBundle, Bundle, BundleIncomplete, find_bundles, load_bundle
 from matrun.warehouse.db import is_no_space, no_space_error, open_warehouse, rollback, shown
 from matrun.warehouse.rows import Unstorable, bundle_tables, describe
@@ -64,19 +65,81 @@ class IngestReport:
                 f"{len(self.skipped)} skipped, {len(self.incomplete)} incomplete")
 
 
+#: An ingest writes a transaction whenever the bundles it has read hold this many rows (or
+#: at the end), so its memory stays bounded however many bundles it loads.
+FLUSH_ROWS = 2_000_000
+
+
 def ingest(paths: Iterable[Path | str], *, warehouse: Path | str,
            wait_s: float = 0.0) -> IngestReport:
     """Load every bundle under ``paths`` into ``warehouse``; see the module docstring.
 
     A path that is missing, not a directory, unreadable or too long raises ``InputError``
-    before the warehouse is opened; a full disk raises ``WarehouseError`` (nothing written).
+    before the warehouse is opened; a full disk raises ``WarehouseError`` (nothing of the
+    transaction that met it written).
     """
     report = IngestReport()
-    bundles = _load_all(_bundle_dirs(paths), report)
-    with open_warehouse(warehouse, wait_s=wait_s) as wh:
-        new = _select_new(wh.con, bundles, report)
-        report.ingested = _insert_all(wh.con, wh.path, _prepare_all(new, report), report)
+    dirs = _bundle_dirs(paths)
+    with open_warehouse(warehouse, wait_s=wait_s) as wh:  # created and migrated before reading
+        known = _known_stats(wh.con, dirs)
+    pending: list[tuple[Bundle, dict[str, pa.Table]]] = []
+    rows = 0
+    for directory in dirs:
+        stamp = bundle_signature(directory)  # before reading: a change meanwhile reads it again
+        if known.get(str(directory)) == stamp:
+            report.unchanged.append(directory)  # recognised without reading it
+            continue
+        bundle = _load(directory, report)
+        prepared = None if bundle is None else _prepare(bundle, report)
+        if prepared is None:
+            continue
+        prepared["runs"] = prepared["runs"].append_column("bundle_stat", pa.array([stamp], pa.string()))
+        pending.append((bundle, prepared))
+        rows += sum(table.num_rows for table in prepared.values())
+        if rows >= FLUSH_ROWS:
+            _flush(warehouse, wait_s, pending, report)
+            pending, rows = [], 0
+    _flush(warehouse, wait_s, pending, report)
     return report
+
+
+def _flush(warehouse: Path | str, wait_s: float,
+           pending: list[tuple[Bundle, dict[str, pa.Table]]], report: IngestReport) -> None:
+    """Write the bundles read so far that are new, in one transaction under the writer lock."""
+    if not pending:
+        return
+    with open_warehouse(warehouse, wait_s=wait_s) as wh:
+        new = {id(b) for b in _select_new(wh.con, [b for b, _ in pending], report)}
+        report.ingested += _insert_all(wh.con, wh.path, [(b, t) for b, t in pending if id(b) in new], report)
+
+
+def bundle_signature(directory: Path) -> str:
+    """A bundle's stat fingerprint: size, mtime, inode and ctime of each file the content
+    digest covers (``absent`` for a missing one).  Taken before the bundle is read, so a file
+    changed while it was read makes the next ingest read it again."""
+    parts = []
+    for name in (SPEC, EVENTS, MONITOR, RESULT):
+        try:
+            st = os.stat(directory / name, follow_symlinks=False)
+        except OSError:
+            parts.append(f"{name}:absent")
+            continue
+        parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}")
+    return ";".join(parts)
+
+
+def _known_stats(con: duckdb.DuckDBPyConnection, dirs: Sequence[Path]) -> dict[str, str]:
+    """``{bundle_path: bundle_stat}`` of the runs already ingested from these directories."""
+    if not dirs:
+        return {}
+    candidates = pa.table({"bundle_path": pa.array([str(d) for d in dirs], pa.string())})
+    con.register("_matrun_paths", candidates)
+    try:
+        return dict(con.execute(
+            "SELECT r.bundle_path, r.bundle_stat FROM runs AS r JOIN _matrun_paths AS p "
+            "ON p.bundle_path = r.bundle_path WHERE r.bundle_stat IS NOT NULL").fetchall())
+    finally:
+        con.unregister("_matrun_paths")
 
 
 def check_paths(paths: Iterable[Path | str]) -> list[Path]:
@@ -117,23 +180,22 @@ def _bundle_dirs(paths: Iterable[Path | str]) -> list[Path]:
     return dirs
 
 
-def _load_all(dirs: Sequence[Path], report: IngestReport) -> list[Bundle]:
-    bundles = []
-    for directory in dirs:
-        try:
-            bundle = load_bundle(directory)
-        except BundleIncomplete:
-            report.incomplete.append(directory)
-        except BadBundle as exc:
-            report.skipped.append((directory, exc.short()))
-        except BundleError as exc:
-            report.skipped.append((directory, str(exc)))
-        except Exception as exc:  # whatever one bundle raises skips that bundle, not the ingest
-            report.skipped.append((directory, f"cannot be read: {describe(exc)}"))
-        else:
-            report.warnings += [(directory, text) for text in bundle.warnings]
-            bundles.append(bundle)
-    return bundles
+def _load(directory: Path, report: IngestReport) -> Bundle | None:
+    """The bundle in ``directory``, or None with the reason (or its incompleteness) recorded."""
+    try:
+        bundle = load_bundle(directory)
+    except BundleIncomplete:
+        report.incomplete.append(directory)
+    except BadBundle as exc:
+        report.skipped.append((directory, exc.short()))
+    except BundleError as exc:
+        report.skipped.append((directory, str(exc)))
+    except Exception as exc:  # whatever one bundle raises skips that bundle, not the ingest
+        report.skipped.append((directory, f"cannot be read: {describe(exc)}"))
+    else:
+        report.warnings += [(directory, text) for text in bundle.warnings]
+        return bundle
+    return None
 
 
 def _select_new(con: duckdb.DuckDBPyConnection, bundles: list[Bundle],
@@ -163,17 +225,15 @@ def _select_new(con: duckdb.DuckDBPyConnection, bundles: list[Bundle],
     return new
 
 
-def _prepare_all(bundles: list[Bundle], report: IngestReport) -> list[tuple[Bundle, dict[str, pa.Table]]]:
-    """Each bundle with its tables; a bundle whose rows cannot be built is skipped."""
-    prepared = []
-    for bundle in bundles:
-        try:
-            prepared.append((bundle, bundle_tables(bundle)))
-        except Unstorable as exc:
-            report.skipped.append((bundle.path, f"cannot be stored: {exc}"))
-        except Exception as exc:  # anything else one bundle raises skips that bundle alone
-            report.skipped.append((bundle.path, f"cannot be stored: {describe(exc)}"))
-    return prepared
+def _prepare(bundle: Bundle, report: IngestReport) -> dict[str, pa.Table] | None:
+    """The bundle's tables, or None (skipped with the reason) when they cannot be built."""
+    try:
+        return bundle_tables(bundle)
+    except Unstorable as exc:
+        report.skipped.append((bundle.path, f"cannot be stored: {exc}"))
+    except Exception as exc:  # anything else one bundle raises skips that bundle alone
+        report.skipped.append((bundle.path, f"cannot be stored: {describe(exc)}"))
+    return None
 
 
 def _insert_all(con: duckdb.DuckDBPyConnection, path: Path,

@@ -1,9 +1,13 @@
 -- The first warehouse schema.  One row of `runs` per result bundle; the per-step,
 -- per-epoch and monitor records of that bundle in the three child tables, keyed by run_id.
 -- Open-ended things (params, host, probe, …) stay JSON; what views aggregate is typed.
+-- The warehouse is a DuckLake (docs/WAREHOUSE.md "Storage"): no PRIMARY KEY or UNIQUE
+-- constraints (ingest keeps run_id unique under the writer lock), and time stamps are
+-- TIMESTAMP in UTC, so any client reads them without a time zone module.  A warehouse of
+-- the single-file format (schema 1-4) is upgraded by copying its rows into these tables.
 
 CREATE TABLE runs (
-    run_id              VARCHAR PRIMARY KEY,      -- "<cell_id>/<repeat>-<attempt>"
+    run_id              VARCHAR NOT NULL,         -- "<cell_id>/<repeat>-<attempt>"
     sweep               VARCHAR NOT NULL,
     cell_id             VARCHAR NOT NULL,
     "repeat"            INTEGER NOT NULL,         -- from 0
@@ -13,8 +17,8 @@ CREATE TABLE runs (
     status              VARCHAR NOT NULL,         -- ok, failed, timeout, oom, cancelled
     exit_code           INTEGER,
     error_tail          VARCHAR,
-    started_at          TIMESTAMPTZ NOT NULL,
-    ended_at            TIMESTAMPTZ,
+    started_at          TIMESTAMP NOT NULL,
+    ended_at            TIMESTAMP,
     wall_seconds        DOUBLE,
     params              JSON NOT NULL,            -- spec.json "params", fully resolved
     host                JSON,                     -- result.json "host"
@@ -47,7 +51,7 @@ CREATE TABLE runs (
     events_truncated    BOOLEAN NOT NULL,         -- a cut-off last line was ignored
     bundle_path         VARCHAR NOT NULL,         -- absolute, where it was ingested from
     bundle_digest       VARCHAR NOT NULL,         -- sha256, see matrun.warehouse.bundles
-    ingested_at         TIMESTAMPTZ NOT NULL DEFAULT current_timestamp
+    ingested_at         TIMESTAMP NOT NULL DEFAULT current_timestamp
 );
 
 CREATE TABLE steps (

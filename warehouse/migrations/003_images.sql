@@ -4,7 +4,7 @@
 -- the image ID (a locally built image has no repository digest): the content address.
 
 CREATE TABLE images (
-    tag               VARCHAR PRIMARY KEY,        -- matrun/<framework>:<variant>-<content hash 12>
+    tag               VARCHAR NOT NULL,           -- matrun/<framework>:<variant>-<content hash 12>
     image_id          VARCHAR NOT NULL,           -- sha256:…
     framework         VARCHAR NOT NULL,
     variant           VARCHAR NOT NULL,
@@ -13,7 +13,7 @@ CREATE TABLE images (
     base_image        VARCHAR,
     size_bytes        BIGINT,
     build_seconds     DOUBLE,                     -- NULL: found already built
-    recorded_at       TIMESTAMPTZ NOT NULL,
+    recorded_at       TIMESTAMP NOT NULL,
     framework_version VARCHAR,
     python            VARCHAR,
     cuda              VARCHAR,

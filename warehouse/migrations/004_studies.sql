@@ -5,7 +5,7 @@
 -- turns them into verdicts.
 
 CREATE TABLE studies (
-    study        VARCHAR PRIMARY KEY,         -- [study] id: A6, D-engine, demo
+    study        VARCHAR NOT NULL,            -- [study] id: A6, D-engine, demo
     title        VARCHAR NOT NULL,
     seed         VARCHAR NOT NULL,            -- the seed file ('' when none)
     source       VARCHAR NOT NULL,            -- the paper's table / figure
@@ -24,13 +24,11 @@ CREATE TABLE study_findings (
     claim        VARCHAR NOT NULL,
     cite         VARCHAR NOT NULL,
     check_kind   VARCHAR NOT NULL,            -- proportional, trend, oversubscription, …
-    options      JSON NOT NULL,               -- the check's keys, defaults filled in
-    PRIMARY KEY (study, finding)
+    options      JSON NOT NULL                -- the check's keys, defaults filled in
 );
 
 CREATE TABLE study_cells (
     study        VARCHAR NOT NULL,
     profile      VARCHAR NOT NULL,            -- a [profiles.<name>], or '(base)'
-    cell_id      VARCHAR NOT NULL,
-    PRIMARY KEY (study, profile, cell_id)
+    cell_id      VARCHAR NOT NULL
 );

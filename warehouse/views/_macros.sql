@@ -117,7 +117,13 @@ CREATE OR REPLACE MACRO ref_significant(is_ref, cmp) AS
     CASE WHEN is_ref THEN false ELSE cmp.significant END;
 
 -- Coefficient of variation (sample standard deviation / mean), an aggregate; NULL below 2.
-CREATE OR REPLACE MACRO cv(x) AS stddev_samp(x) / nullif(avg(x), 0);
+-- The sample standard deviation, NaN when a value is NaN or infinite (DuckDB's stddev_samp
+-- raises an out-of-range error on an infinity).
+CREATE OR REPLACE MACRO sd(x) AS
+    CASE WHEN count(x) FILTER (WHERE NOT isfinite(x)) > 0 THEN 'nan'::DOUBLE
+         ELSE stddev_samp(x) FILTER (WHERE isfinite(x)) END;
+
+CREATE OR REPLACE MACRO cv(x) AS sd(x) / nullif(avg(x), 0);
 
 -- A canonical text of a cell's parameters without the keys in `drop` (the axes a view
 -- varies): sorted key=value pairs, keys whose value is null left out (so a key an older

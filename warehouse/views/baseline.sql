@@ -23,7 +23,7 @@ SELECT
     median(throughput)                               AS throughput_median,
     min(throughput)                                  AS throughput_min,
     max(throughput)                                  AS throughput_max,
-    stddev_samp(throughput) / NULLIF(avg(throughput), 0) AS throughput_cv,
+    sd(throughput) / NULLIF(avg(throughput), 0) AS throughput_cv,
     median(cpu_total_avg)                            AS cpu_total_median,
     median(cpu_user_avg)                             AS cpu_user_median,
     median(cpu_system_avg)                           AS cpu_system_median,

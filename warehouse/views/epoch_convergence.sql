@@ -9,7 +9,7 @@ WITH e AS (
     SELECT r.cell_id, e.epoch,
         count(*)                                  AS runs,
         avg(e.test_accuracy)                      AS test_accuracy_mean,
-        stddev_samp(e.test_accuracy)              AS test_accuracy_sd,
+        sd(e.test_accuracy)                       AS test_accuracy_sd,
         min(e.test_accuracy)                      AS test_accuracy_min,
         max(e.test_accuracy)                      AS test_accuracy_max,
         median(e.test_accuracy)                   AS test_accuracy_median,
