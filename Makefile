@@ -15,9 +15,15 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test install data engine engine-stop browser slurm slurm-stop clean
 
+# The previous matrun's single-file warehouses were written by DuckDB 2.0.0, whose storage the
+# DuckDB matrun pins (1.5.5, the release the DuckLake extension exists for) cannot read: that
+# DuckDB is installed apart, in $(VENV)/legacy-duckdb, and only a warehouse's one-time upgrade
+# runs it (docs/WAREHOUSE.md "Upgrading").
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q '.[test]'
+	test -d $(VENV)/legacy-duckdb/duckdb || $(BIN)/python -m pip install --disable-pip-version-check \
+	  -q --no-deps --target $(VENV)/legacy-duckdb duckdb==2.0.0
 
 # Debian packages: real Fashion-MNIST, and the OpenMP / quadmath runtimes MXNet's wheel links.
 data:

@@ -40,6 +40,8 @@ import secrets
 import shutil
 import socket
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -81,6 +83,24 @@ _LONG_PATH = 200  # longer paths are shortened in messages
 #: The oldest schema a single-file warehouse can be upgraded from, and the newest.
 LEGACY_SCHEMAS = range(1, 5)
 LEGACY_NAME = "legacy.duckdb"
+#: A DuckDB release newer than this matrun's writes a storage format this one cannot read; the
+#: previous matrun installed DuckDB 2.0.0.  Its single-file warehouses are read by that
+#: DuckDB, installed beside matrun by the set-up (``make``: ``<venv>/legacy-duckdb``) or
+#: wherever this variable points, in a subprocess that exports their tables as Parquet.
+LEGACY_DUCKDB_ENV = "MATRUN_LEGACY_DUCKDB"
+LEGACY_DUCKDB_VERSION = "2.0.0"
+_NEWER_FORMAT = "created with an newer version of DuckDB"
+_EXPORT_LEGACY = """
+import sys
+import duckdb
+source, out = sys.argv[1], sys.argv[2]
+con = duckdb.connect(source, read_only=True)
+for (table,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "
+                            "AND NOT internal").fetchall():
+    target = (out + "/" + table + ".parquet").replace("'", "''")
+    con.execute('COPY (SELECT * FROM "' + table + '") TO ' + "'" + target + "' (FORMAT parquet)")
+con.close()
+"""
 
 
 @dataclass(frozen=True)
@@ -509,12 +529,15 @@ def _upgrade(path: Path, wait_s: float) -> None:
         st = _stat(path)
         if st is None or not stat.S_ISREG(st.st_mode):
             return  # another process upgraded it meanwhile
-        _check_legacy(path)
+        newer = _check_legacy(path)
         scratch = _scratch(path, "upgrading")
+        exported = scratch.with_name(scratch.name + ".export")
         try:
+            if newer:
+                _export_legacy(path, exported)
             con = _build(scratch, path)
             try:
-                _copy_legacy(con, path)
+                _copy_legacy(con, path, exported if newer else None)
             finally:
                 con.close()
                 forget_instances(scratch)
@@ -529,15 +552,20 @@ def _upgrade(path: Path, wait_s: float) -> None:
                 os.rename(scratch / LEGACY_NAME, path)  # put the old file back
             shutil.rmtree(scratch, ignore_errors=True)
             raise
+        finally:
+            shutil.rmtree(exported, ignore_errors=True)
 
 
-def _check_legacy(path: Path) -> None:
+def _check_legacy(path: Path) -> bool:
     """Check the file at ``path`` is a matrun single-file warehouse this matrun can upgrade,
-    and fold its write-ahead log into it."""
+    and fold its write-ahead log into it; True when a newer DuckDB wrote it (it is then read
+    by :func:`_export_legacy`, and checked there)."""
     try:
         con = duckdb.connect(str(path))
     except duckdb.IOException as exc:
         message = str(exc)
+        if _NEWER_FORMAT in message:
+            return True
         if "Could not set lock on file" in message:
             raise WarehouseLocked(f"warehouse {shown(path)} (single-file format) is open in "
                                   "another process; close it, then run the command again to "
@@ -556,40 +584,97 @@ def _check_legacy(path: Path) -> None:
                                  "(it has no schema_migrations table)")
         version = max((v for (v,) in con.execute("SELECT version FROM schema_migrations").fetchall()),
                       default=0)
-        if version > LEGACY_SCHEMAS[-1]:
-            raise WarehouseError(f"warehouse {shown(path)} has schema version {version} in the "
-                                 "single-file format, which this matrun does not know: upgrade matrun")
+        _check_legacy_version(path, version)
         con.execute("CHECKPOINT")
     except duckdb.Error as exc:
         raise database_error(path, exc) from None
     finally:
         con.close()
+    return False
 
 
-def _copy_legacy(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Copy every row of the single-file warehouse at ``path`` into the lake ``con`` uses,
-    in one transaction: columns by name (an older schema's missing ones stay NULL), time
-    stamps converted to UTC (the connection's time zone)."""
-    escaped = str(path).replace("'", "''")
-    con.execute(f"ATTACH '{escaped}' AS legacy (READ_ONLY)")
+def _check_legacy_version(path: Path, version: int) -> None:
+    if version > LEGACY_SCHEMAS[-1]:
+        raise WarehouseError(f"warehouse {shown(path)} has schema version {version} in the "
+                             "single-file format, which this matrun does not know: upgrade matrun")
+
+
+def legacy_duckdb() -> Path:
+    """Where the DuckDB that reads the previous matrun's warehouses is installed."""
+    return Path(os.environ.get(LEGACY_DUCKDB_ENV) or Path(sys.prefix) / "legacy-duckdb")
+
+
+def _export_legacy(path: Path, out: Path) -> None:
+    """Export the tables of the single-file warehouse at ``path``, written by a newer DuckDB,
+    as Parquet files into ``out`` with that DuckDB (a subprocess)."""
+    where = legacy_duckdb()
+    if not (where / "duckdb").is_dir():
+        raise WarehouseError(
+            f"warehouse {shown(path)} is a single-file warehouse written by a newer DuckDB than "
+            f"this matrun's {duckdb.__version__}, and no DuckDB that reads it is installed at "
+            f"{where}: install one there (pip install --target {where} "
+            f"duckdb=={LEGACY_DUCKDB_VERSION}) or point {LEGACY_DUCKDB_ENV} at one, then run the "
+            "command again; or rebuild the warehouse from the bundles: matrun ingest RESULTS "
+            "--warehouse NEW")
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(where), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", _EXPORT_LEGACY, str(path), str(out)], env=env,
+                          capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        if "Could not set lock on file" in last:
+            raise WarehouseLocked(f"warehouse {shown(path)} (single-file format) is open in "
+                                  "another process; close it, then run the command again to "
+                                  "upgrade it")
+        raise WarehouseError(f"warehouse {shown(path)}: reading it with DuckDB from {where} "
+                             f"failed: {last[:300]}")
+    migrations_file = out / "schema_migrations.parquet"
+    if not migrations_file.is_file():
+        raise WarehouseError(f"{shown(path)} is a DuckDB file but not a matrun warehouse "
+                             "(it has no schema_migrations table)")
+    con = duckdb.connect()
     try:
+        escaped = str(migrations_file).replace("'", "''")
+        version = con.execute(f"SELECT max(version) FROM read_parquet('{escaped}')").fetchone()[0]
+    finally:
+        con.close()
+    _check_legacy_version(path, version or 0)
+
+
+def _copy_legacy(con: duckdb.DuckDBPyConnection, path: Path, exported: Path | None) -> None:
+    """Copy every row of the single-file warehouse at ``path`` (or of its tables ``exported``
+    as Parquet files) into the lake ``con`` uses, in one transaction: columns by name (an
+    older schema's missing ones stay NULL), time stamps as UTC."""
+    if exported is None:
+        escaped = str(path).replace("'", "''")
+        con.execute(f"ATTACH '{escaped}' AS legacy (READ_ONLY)")
+    try:
+        mine = _table_columns(con, LAKE)
+        if exported is None:
+            theirs = _table_columns(con, "legacy")
+            source = {table: f'legacy.main."{table}"' for table in theirs}
+        else:
+            source, theirs = {}, {}
+            for file in sorted(exported.glob("*.parquet")):
+                source[file.stem] = "read_parquet('" + str(file).replace("'", "''") + "')"
+                theirs[file.stem] = [row[0] for row in con.execute(
+                    f"DESCRIBE SELECT * FROM {source[file.stem]}").fetchall()]
         con.execute("BEGIN TRANSACTION")
         try:
-            mine = _table_columns(con, LAKE)
-            theirs = _table_columns(con, "legacy")
             for table, columns in mine.items():
                 if table == "schema_migrations" or table not in theirs:
                     continue
                 shared = [c for c in columns if c in theirs[table]]
                 names = ", ".join(f'"{c}"' for c in shared)
                 con.execute(f'INSERT INTO {LAKE}.main."{table}" ({names}) '
-                            f'SELECT {names} FROM legacy.main."{table}"')
+                            f'SELECT {names} FROM {source[table]}')
             con.execute("COMMIT")
         except BaseException:
             rollback(con)
             raise
     finally:
-        con.execute("DETACH legacy")
+        if exported is None:
+            con.execute("DETACH legacy")
 
 
 def _table_columns(con: duckdb.DuckDBPyConnection, database: str) -> dict[str, list[str]]:
