@@ -17,6 +17,7 @@ read-only in any DuckDB client of that release (``duckdb -init W/attach.sql``).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sqlite3
@@ -77,6 +78,7 @@ def is_warehouse(path: Path) -> bool:
     return (path / CATALOG).is_file() or (path / CONFIG).is_file()
 
 
+@functools.lru_cache(maxsize=None)
 def extension_path(name: str) -> Path:
     """The ``.duckdb_extension`` file of extension ``name`` for this DuckDB release."""
     package = _EXTENSIONS[name]
@@ -146,5 +148,14 @@ def create_local(lay: Layout) -> None:
     con = sqlite3.connect(lay.path / CATALOG)
     try:
         con.execute("PRAGMA journal_mode=WAL")
+    finally:
+        con.close()
+
+
+def checkpoint_local(lay: Layout) -> None:
+    """Fold a local catalog's write-ahead log into it (before the directory is copied)."""
+    con = sqlite3.connect(lay.path / CATALOG)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         con.close()

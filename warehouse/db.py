@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import errno
 import fcntl
+import functools
 import glob
 import hashlib
 import os
@@ -416,7 +417,8 @@ def _build(scratch: Path, path: Path) -> duckdb.DuckDBPyConnection:
     The first build of a process is kept as a template the later ones copy (creating the
     views costs about half a second; copying the catalog, milliseconds)."""
     template = _template(path)
-    shutil.copytree(template, scratch)
+    # SQLite's -wal and -shm files are never copied (the template's catalog is checkpointed).
+    shutil.copytree(template, scratch, ignore=shutil.ignore_patterns("*-wal", "*-shm"))
     return _connect(catalog.layout(scratch), read_only=False)
 
 
@@ -453,6 +455,7 @@ def _template(path: Path) -> Path:
         create_views(con, path)
     finally:
         con.close()
+    catalog.checkpoint_local(lay)
     _TEMPLATES[digest] = lake
     return lake
 
@@ -855,6 +858,31 @@ def _check_schema_readable(con: duckdb.DuckDBPyConnection, path: Path) -> None:
 # -- views -------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1)
+def _shipped() -> tuple[dict[str, str], list[tuple[str, bool, str]], str, list[str]]:
+    """This matrun's views, macros, their digest and the views' creation order (read once)."""
+    views, macros = view_sql(), macro_sql()
+    return views, macros, _views_digest(views, macros), _dependency_order(views)
+
+
+def _quick_current(con: duckdb.DuckDBPyConnection) -> bool:
+    """One query: the digest macro holds this matrun's digest and every view and macro of it
+    is there (what :func:`create_views` and a reader check first)."""
+    views, macros, digest, _ = _shipped()
+    names = sorted({name for name, _, _ in macros} | {DIGEST_MACRO, OWNED_MACROS})
+    try:
+        row = con.execute(
+            f"SELECT {DIGEST_MACRO}(), "
+            "(SELECT count(*) FROM duckdb_views() WHERE schema_name = 'main' AND database_name = "
+            "current_database() AND starts_with(comment, ?) AND list_contains(?, view_name)), "
+            "(SELECT count(DISTINCT function_name) FROM duckdb_functions() WHERE schema_name = 'main' "
+            "AND database_name = current_database() AND list_contains(?, function_name))",
+            [VIEW_COMMENT_PREFIX, list(views), names]).fetchone()
+    except duckdb.CatalogException:
+        return False  # no digest macro yet
+    return row == (digest, len(views), len(names))
+
+
 def view_sql() -> dict[str, str]:
     """``{view name: SELECT …}`` for every ``views/<name>.sql``, sorted by name."""
     views = {}
@@ -915,9 +943,11 @@ def _current(con, views, macros, old, old_macros, digest) -> bool:
 
 def views_current(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the warehouse holds exactly this matrun's views and macros."""
-    views, macros = view_sql(), macro_sql()
+    if not _quick_current(con):
+        return False
+    views, macros, digest, _ = _shipped()
     old, old_macros = _owned(con)
-    return _current(con, views, macros, old, old_macros, _views_digest(views, macros))
+    return _current(con, views, macros, old, old_macros, digest)
 
 
 def create_views(con: duckdb.DuckDBPyConnection, path: Path) -> None:
@@ -925,12 +955,12 @@ def create_views(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     first, then views in dependency order), in one transaction.  Nothing is done when the
     warehouse already has exactly the current ones (same SQL digest, every view and macro
     present)."""
-    views = view_sql()
-    order = _dependency_order(views)
-    macros = macro_sql()
-    digest = _views_digest(views, macros)
+    views, macros, digest, order = _shipped()
     con.execute("BEGIN TRANSACTION")
     try:
+        if _quick_current(con):
+            con.execute("COMMIT")
+            return
         old, old_macros = _owned(con)
         if _current(con, views, macros, old, old_macros, digest):
             con.execute("COMMIT")
