@@ -63,7 +63,7 @@ def run_query(sql: str, *, warehouse: Path | str,
     """Run ``sql`` read-only; return ``(column names, rows)``.
 
     A statement that returns no rows (none that is allowed here changes anything) gives
-    ``([], [])``.  Results come through Arrow, so time zone-aware timestamps need no pytz.
+    ``([], [])``.  Time stamps are naive ``datetime`` values in UTC.
     """
     with stream_query(sql, warehouse=warehouse, wait_s=wait_s) as result:
         return result.columns, list(result)
