@@ -12,7 +12,8 @@ in other processes:
   ``attach.sql``; a single-file warehouse of an older matrun: the file, read-only), checks
   that every run it sees has all its steps (``steps = runs × STEPS``: a half-ingested state
   would break it), and closes;
-- another plain client holds the warehouse open, reading now and then, for the whole ingest;
+- another plain client holds the warehouse open, reading now and then, for the whole ingest
+  (``--no-holder``: none);
 - ``matrun query`` runs in a loop.
 
 It prints, for each ingest, how many reader opens were refused, how many saw an
@@ -98,7 +99,7 @@ def run_case(results: Path, work: Path, name: str, one_call: bool, args: argpars
     poller = subprocess.Popen([sys.executable, "-c", _POLLER, str(warehouse), str(args.steps),
                                str(args.poll_ms / 1000), str(stop)], stdout=subprocess.PIPE, text=True)
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(warehouse), str(stop)],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True) if args.holder else None
     time.sleep(1.0)
     failures: list[str] = []
     queries = query_failures = 0
@@ -124,10 +125,12 @@ def run_case(results: Path, work: Path, name: str, one_call: bool, args: argpars
         query_failures += query.wait() != 0
     stop.write_text("")
     opens, refused, inconsistent = map(int, poller.communicate(timeout=120)[0].split())
-    holder_out, _ = holder.communicate(timeout=120)
+    holder_out = holder.communicate(timeout=120)[0] if holder else ""
+    held = ("none" if holder is None else
+            f"read {holder_out.strip()} times" if holder.returncode == 0 else "failed")
     print(f"{name}: {len(chunks)} ingest call(s) in {seconds:.1f} s; plain-client opens every "
           f"{args.poll_ms} ms: {opens}, refused {refused}, inconsistent {inconsistent}; a client "
-          f"holding it open: {'read ' + holder_out.strip() + ' times' if holder.returncode == 0 else 'failed'}; "
+          f"holding it open: {held}; "
           f"matrun query: {queries} calls, {query_failures} failed; ingest failures: {len(failures)}"
           + (f" ({failures[0]})" if failures else ""))
 
@@ -137,6 +140,9 @@ def main() -> None:
     parser.add_argument("--bundles", type=int, default=600)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--poll-ms", type=int, default=50)
+    parser.add_argument("--no-holder", dest="holder", action="store_false",
+                        help="no client holding the warehouse open (an older matrun's ingest "
+                             "fails at once with one)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="matrun-readers-") as tmp:
         work = Path(tmp)
