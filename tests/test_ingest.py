@@ -22,7 +22,7 @@ import matrun.warehouse.bundles.read as bundles_module
 import matrun.warehouse.ingest as ingest_module
 from bundle_factory import make_bundle, read_json
 from matrun.errors import InputError, WarehouseError
-from matrun.warehouse.bundles.read import BadBundle, Bundle, BundleIncomplete, find_bundles, load_bundle
+from matrun.warehouse.bundles.read import BadBundle, Bundle, BundleIncomplete, Rows, find_bundles, load_bundle
 from matrun.warehouse.db import open_warehouse, shown
 from matrun.warehouse.ingest import IngestReport, ingest
 
@@ -54,6 +54,18 @@ def edit_line(path: Path, number: int, change: Callable[[dict[str, Any]], None])
     path.write_text("\n".join(lines) + "\n")
 
 
+def records_of(rows: Rows) -> list[dict[str, Any]]:
+    """Records read in bulk (``Bundle.steps``, ``Bundle.monitor_samples``) as dicts."""
+    return [r for chunk in rows for r in (chunk if isinstance(chunk, list) else chunk.to_pylist())]
+
+
+def as_records(bundle: Bundle, attr: str) -> list[dict[str, Any]]:
+    """Turn a loaded bundle's rows under ``attr`` into one list of dicts, to be changed in place."""
+    records = records_of(getattr(bundle, attr))
+    setattr(bundle, attr, [records])
+    return records
+
+
 # -- finding and loading -----------------------------------------------------------------
 
 
@@ -81,11 +93,11 @@ def test_load_bundle_parses_every_record(tmp_path: Path) -> None:
     assert bundle.probe is not None and bundle.probe["mismatches"] == ["threads: asked 2, in force 1"]
     assert bundle.data is not None and bundle.data["train_size"] == 60000
     assert bundle.model is not None and bundle.model["parameters"] == 61706
-    assert [s["phase"] for s in bundle.steps] == ["warmup"] * 2 + ["timed"] * 4
+    assert [s["phase"] for s in records_of(bundle.steps)] == ["warmup"] * 2 + ["timed"] * 4
     assert [e["test_accuracy"] for e in bundle.epochs] == [0.7, 0.8]
     assert bundle.summary is not None and bundle.summary["throughput"] == 6400.0
     assert bundle.monitor_header["interval_s"] == 0.2
-    assert [s["rss_bytes"] for s in bundle.monitor_samples] == [100_000_000, 300_000_000]
+    assert [s["rss_bytes"] for s in records_of(bundle.monitor_samples)] == [100_000_000, 300_000_000]
     assert bundle.warnings == []
     assert len(bundle.digest) == 64
     assert load_bundle(directory).digest == bundle.digest
@@ -386,13 +398,13 @@ HOSTILE: dict[str, tuple[Callable[[Bundle], None], str]] = {
         lambda b: b.spec["params"].update(deep=_nested(100_000)),
         "cannot be stored: runs.params: nested too deeply (RecursionError)"),
     "step images 2^40": (
-        lambda b: b.steps[0].update(images=2**40),
+        lambda b: as_records(b, "steps")[0].update(images=2**40),
         "cannot be stored: steps.images: 1099511627776 does not fit its type int32 (ArrowInvalid)"),
     "step seconds a string": (
-        lambda b: b.steps[0].update(seconds="fast"),
+        lambda b: as_records(b, "steps")[0].update(seconds="fast"),
         "cannot be stored: steps.seconds: 'fast' does not fit its type double (ArrowInvalid)"),
     "rss 10^20": (
-        lambda b: b.monitor_samples[0].update(rss_bytes=10**20),
+        lambda b: as_records(b, "monitor_samples")[0].update(rss_bytes=10**20),
         "cannot be stored: monitor_samples.rss_bytes: 100000000000000000000 does not fit its type "
         "int64 (OverflowError)"),
     "epoch without number": (
@@ -671,3 +683,20 @@ def test_cli_refuses_a_warehouse_name_too_long_with_exit_2(tmp_path: Path) -> No
     res = matrun("ingest", tmp_path / "results", "--warehouse", wh)
     assert (res.returncode, res.stdout) == (2, "")
     assert res.stderr == f"Error: warehouse {shown(wh)}: file name too long\n"
+
+
+def test_a_bundle_read_in_many_bulk_blocks_is_ingested_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps and samples read in bulk, block by block (a few hundred lines each), reach the
+    warehouse as the rows written, in one run."""
+    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
+    seconds = [0.01 + n / 10**6 for n in range(5000)]
+    make_bundle(results, step_seconds=seconds, warmup_steps=10,
+                monitor=[(0.5 * k, 50.0, 5.0, 0.0, 10**8 + k) for k in range(1, 1001)])
+    monkeypatch.setattr(bundles_module, "BLOCK_BYTES", 32 * 1024)
+    assert ingest([results], warehouse=wh).ingested
+    assert rows(wh, "SELECT run_id, count(*), min(step), max(step), sum(images), "
+                    "count(*) FILTER (WHERE phase = 'warmup'), round(sum(seconds), 6) FROM steps "
+                    "GROUP BY run_id") == [(RUN, 5000, 0, 4999, 5000 * 64, 10, round(sum(seconds), 6))]
+    assert rows(wh, "SELECT count(*), max(rss_bytes), sum(t) FROM monitor_samples") == [
+        (1000, 10**8 + 1000, 0.5 * 1000 * 1001 / 2)]

@@ -23,8 +23,8 @@ import duckdb
 import pyarrow as pa
 
 from matrun.errors import BundleError, InputError, WarehouseError
-from matrun.warehouse.bundles.layout import EVENTS, MONITOR, RESULT, SPEC
-from matrun.warehouse.bundles.read import BadBundle, Bundle, BundleIncomplete, find_bundles, load_bundle
+from matrun.warehouse.bundles.read import (BadBundle, Bundle, BundleIncomplete, bundle_signature,
+                                           find_bundles, load_bundle)
 from matrun.warehouse.db import is_no_space, no_space_error, open_warehouse, rollback, shown
 from matrun.warehouse.rows import Unstorable, bundle_tables, describe
 
@@ -111,21 +111,6 @@ def _flush(warehouse: Path | str, wait_s: float,
     with open_warehouse(warehouse, wait_s=wait_s) as wh:
         new = {id(b) for b in _select_new(wh.con, [b for b, _ in pending], report)}
         report.ingested += _insert_all(wh.con, wh.path, [(b, t) for b, t in pending if id(b) in new], report)
-
-
-def bundle_signature(directory: Path) -> str:
-    """A bundle's stat fingerprint: size, mtime, inode and ctime of each file the content
-    digest covers (``absent`` for a missing one).  Taken before the bundle is read, so a file
-    changed while it was read makes the next ingest read it again."""
-    parts = []
-    for name in (SPEC, EVENTS, MONITOR, RESULT):
-        try:
-            st = os.stat(directory / name, follow_symlinks=False)
-        except OSError:
-            parts.append(f"{name}:absent")
-            continue
-        parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}")
-    return ";".join(parts)
 
 
 def _known_stats(con: duckdb.DuckDBPyConnection, dirs: Sequence[Path]) -> dict[str, str]:

@@ -4,6 +4,10 @@ Every bundle is turned into its rows on its own, outside any transaction: a valu
 can hold (an integer out of range, text that is not UTF-8, JSON nested too deep, a missing
 ``NOT NULL`` value) raises :class:`Unstorable` naming the table and column, and the ingest
 skips that bundle alone (docs/WAREHOUSE.md "Ingest").
+
+Steps and monitor samples come from the reader as Arrow record batches (``read.Rows``): their
+tables reuse those columns and add ``run_id``, one value Arrow repeats, so a million steps
+are never a million Python objects.  The few other records are Python dicts, converted here.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from matrun.warehouse.bundles.layout import EVENTS
-from matrun.warehouse.bundles.read import Bundle
+from matrun.warehouse.bundles.read import Bundle, Rows
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -97,9 +101,13 @@ class Unstorable(ValueError):
 def bundle_tables(bundle: Bundle) -> dict[str, pa.Table]:
     """One bundle's rows, as one Arrow table per warehouse table, checked against the column
     types and NOT NULL constraints; ``Unstorable`` names the table and column at fault."""
-    tables = {"runs": _runs_table([bundle]), "steps": _steps_table([bundle]),
-              "epochs": _epochs_table([bundle]), "monitor_samples": _samples_table([bundle]),
-              "layers": _columns([bundle], "layers", LAYERS_SCHEMA)}
+    run_id = bundle.run_id
+    tables = {"runs": _runs_table([bundle]),
+              "steps": _rows_table("steps", run_id, bundle.steps, STEPS_SCHEMA),
+              "epochs": _records_table("epochs", run_id, bundle.epochs, EPOCHS_SCHEMA),
+              "monitor_samples": _rows_table("monitor_samples", run_id, bundle.monitor_samples,
+                                             SAMPLES_SCHEMA),
+              "layers": _records_table("layers", run_id, bundle.layers, LAYERS_SCHEMA)}
     for name, table in tables.items():
         for column in NOT_NULL[name]:
             if table.column(column).null_count:
@@ -207,28 +215,33 @@ def _number(value: Any, column: str) -> Any:
     return value
 
 
-def _columns(bundles: list[Bundle], attr: str, schema: pa.Schema) -> pa.Table:
-    """A child table: the records under ``attr`` of every bundle, tagged with run_id (``attr``
-    is also the warehouse table's name)."""
-    names = [f.name for f in schema if f.name != "run_id"]
-    columns: dict[str, list[Any]] = {"run_id": []}
-    columns.update({name: [] for name in names})
-    for b in bundles:
-        records = getattr(b, attr)
-        columns["run_id"].extend([b.run_id] * len(records))
-        for name in names:
-            columns[name].extend([r.get(name) for r in records])
-    return _arrow(attr, columns, schema)
+def _records_table(table: str, run_id: str, records: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """A child table from records (dicts), each tagged with ``run_id``."""
+    columns: dict[str, list[Any]] = {"run_id": [run_id] * len(records)}
+    columns.update({f.name: [r.get(f.name) for r in records] for f in schema if f.name != "run_id"})
+    return _arrow(table, columns, schema)
 
 
-def _steps_table(bundles: list[Bundle]) -> pa.Table:
-    return _columns(bundles, "steps", STEPS_SCHEMA)
+def _rows_table(table: str, run_id: str, rows: Rows, schema: pa.Schema) -> pa.Table:
+    """A child table from records read in bulk: their batches, or records where a batch could
+    not hold them, in order."""
+    parts = [_records_table(table, run_id, chunk, schema) if isinstance(chunk, list)
+             else _batch_table(table, run_id, chunk, schema) for chunk in rows]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
-def _epochs_table(bundles: list[Bundle]) -> pa.Table:
-    return _columns(bundles, "epochs", EPOCHS_SCHEMA)
-
-
-def _samples_table(bundles: list[Bundle]) -> pa.Table:
-    return _columns(bundles, "monitor_samples", SAMPLES_SCHEMA)
-
+def _batch_table(table: str, run_id: str, batch: pa.RecordBatch, schema: pa.Schema) -> pa.Table:
+    """A record batch as a table of ``schema``: ``run_id`` added (one value, repeated by
+    Arrow), each column kept as it is or cast to its type."""
+    arrays = []
+    for f in schema:
+        try:
+            if f.name == "run_id":
+                arrays.append(pa.repeat(pa.scalar(run_id, f.type), batch.num_rows))
+                continue
+            column = batch.column(f.name)
+            arrays.append(column if column.type == f.type else column.cast(f.type))
+        except _ARROW_ERRORS as exc:
+            values = [run_id] if f.name == "run_id" else batch.column(f.name).to_pylist()
+            raise Unstorable(f"{table}.{f.name}: {_first_misfit(values, f.type, exc)}") from None
+    return pa.Table.from_arrays(arrays, schema=schema)

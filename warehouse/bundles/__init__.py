@@ -7,9 +7,11 @@ Modules:
   ``<repeat>-<attempt>`` run-directory names;
 - ``write``: the host's writers (executors, sweep, Slurm tasks): atomic JSON, JSON-lines with
   their header, ``next_attempt``, ``tail_text``;
-- ``read``: finding, parsing and validating bundles for ``warehouse.ingest``.
+- ``read``: finding, parsing and validating bundles for ``warehouse.ingest``; the JSON-lines
+  files are read in blocks, hashed as they are read, their step records and monitor samples
+  many lines at a time into Arrow record batches.
 
-Standard library and ``matrun.errors`` only (no DuckDB): the runner writes bundles through
-this package without loading the warehouse.  The harness writes ``events.jsonl`` without it
+Standard library, ``matrun.errors`` and (``read``) PyArrow only, never DuckDB: the runner
+writes bundles through this package without loading the warehouse.  The harness writes ``events.jsonl`` without it
 (it is standard library + framework only) and names ``layout`` where it spells the file name.
 """

@@ -15,6 +15,18 @@ length, every array's and object's size, every integer within the range of its w
 column (64-bit anywhere else), every number finite but a diverged run's losses and
 accuracies (read as null), every time within the years 1 to 9999 in UTC.  :func:`loads`,
 the JSON parsing under it, is public for the other readers of a results directory.
+
+The JSON-lines files are read in blocks of whole lines (``BLOCK_BYTES``), hashed into the
+digest as they are read, so a bundle's largest file is never held whole, nor its millions
+of records as Python objects.  Their bulk — step records, monitor samples — is read many
+lines at a time: a line exactly as its writer formats it (``json.dumps``, keys in the
+writer's order) is matched by a regular expression and its values cut out and converted by
+Arrow, into a record batch of the warehouse's column types (``Bundle.steps``,
+``Bundle.monitor_samples``).  Every other line — the few other records, and any step or
+sample written otherwise — is read exactly, one at a time; and a block holding anything
+the bulk reading cannot vouch for (a row not in the writer's format, an integer beyond its
+column, a number beyond a double) is read exactly, line by line, so a fault is reported
+with the same line, key and words whichever way its block was read.
 """
 
 from __future__ import annotations
@@ -25,10 +37,14 @@ import math
 import os
 import re
 import stat
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from matrun.errors import BundleError, InputError
 from matrun.warehouse.bundles.layout import (
@@ -54,6 +70,9 @@ INT64 = (-(2**63), 2**63 - 1)
 
 #: Files whose bytes make up a bundle's digest, in this order.
 DIGEST_FILES = (SPEC, EVENTS, MONITOR, RESULT)
+#: JSON-lines files are read this many bytes at a time (a block ends at a line's end; a longer
+#: line makes a longer block).
+BLOCK_BYTES = 16 * 2**20
 
 # Record checks: key -> kind.  "int" (an INTEGER column) / "int64" (a BIGINT column) / "num"
 # (a finite number) / "str" / "bool" / "obj" / "list" / "time" must be present and of that kind;
@@ -106,25 +125,35 @@ class BundleIncomplete(BadBundle):
     """The bundle has no ``result.json``: the run never finished, or is still running."""
 
 
+#: Records read in bulk (``Bundle.steps``, ``Bundle.monitor_samples``), in file order: Arrow
+#: record batches of the columns the warehouse keeps (``STEP_COLUMNS``, ``SAMPLE_COLUMNS``),
+#: or a list of the records themselves where Arrow could not put a value in its column (an
+#: integer step time beyond 2**53: ``rows`` then names the value).
+Rows = list[pa.RecordBatch | list[dict[str, Any]]]
+
+
 @dataclass
 class Bundle:
-    """One parsed, validated bundle.  Records keep the keys they had on disk."""
+    """One parsed, validated bundle.  Records keep the keys they had on disk; the bulk of them
+    (steps, monitor samples) are ``Rows``.  ``signature`` is :func:`bundle_signature`, taken
+    before any file was read."""
 
     path: Path
     key: RunKey
     spec: dict[str, Any]
     result: dict[str, Any]
     digest: str
+    signature: str = ""
     header: dict[str, Any] = field(default_factory=dict)
     probe: dict[str, Any] | None = None
     data: dict[str, Any] | None = None
     model: dict[str, Any] | None = None
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: Rows = field(default_factory=list)
     epochs: list[dict[str, Any]] = field(default_factory=list)
     layers: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     monitor_header: dict[str, Any] = field(default_factory=dict)
-    monitor_samples: list[dict[str, Any]] = field(default_factory=list)
+    monitor_samples: Rows = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -155,26 +184,52 @@ def find_bundles(root: Path | str) -> Iterator[Path]:
     yield from sorted(found)
 
 
+def bundle_signature(directory: Path | str) -> str:
+    """What a bundle's files are, from their metadata alone (nothing is read): for each of
+    spec.json, events.jsonl, monitor.jsonl and result.json, ``name:size:mtime_ns:inode:ctime_ns``
+    (links not followed), or ``name:absent`` when it cannot be stat'ed; joined by ``;``.  A
+    file rewritten, replaced or touched changes it, so an unchanged signature means the bundle
+    need not be read again."""
+    parts = []
+    for name in DIGEST_FILES:
+        try:
+            info = os.lstat(Path(directory) / name)
+        except OSError:  # reading the bundle says why
+            parts.append(f"{name}:absent")
+            continue
+        parts.append(f"{name}:{info.st_size}:{info.st_mtime_ns}:{info.st_ino}:{info.st_ctime_ns}")
+    return ";".join(parts)
+
+
 def load_bundle(directory: Path | str) -> Bundle:
     """Parse and validate one bundle; raise :class:`BadBundle` naming the file at fault."""
     directory = Path(directory)
-    raw = {name: _read_file(directory / name) for name in DIGEST_FILES}
-    if raw[SPEC] is None:
-        raise BadBundle(directory / SPEC, "missing: this directory is not a bundle")
-    if raw[RESULT] is None:
-        raise BundleIncomplete(directory / RESULT,
-                               "missing: the run never finished (or is still running)")
-    spec = _parse_json(directory / SPEC, raw[SPEC], _SPEC_KEYS, inner=("params", _PARAMS_KEYS))
-    result = _parse_json(directory / RESULT, raw[RESULT], _RESULT_KEYS, inner=("monitor", _MONITOR_KEYS))
-    status = result["status"]
-    if status not in STATUSES:
-        raise BadBundle(directory / RESULT,
-                        f"status {status[:60]!r} is not one of {', '.join(STATUSES)}")
-    key = _check_identity(directory, spec, result)
+    signature = bundle_signature(directory)  # before reading: a file changed meanwhile is read again
+    with ExitStack() as stack:
+        files = {name: _open(directory / name, stack) for name in DIGEST_FILES}
+        spec_file, result_file = files[SPEC], files[RESULT]
+        if spec_file is None:
+            raise BadBundle(directory / SPEC, "missing: this directory is not a bundle")
+        if result_file is None:
+            raise BundleIncomplete(directory / RESULT,
+                                   "missing: the run never finished (or is still running)")
+        spec_raw = _read_whole(directory / SPEC, spec_file)
+        result_raw = _read_whole(directory / RESULT, result_file)
+        spec = _parse_json(directory / SPEC, spec_raw, _SPEC_KEYS, inner=("params", _PARAMS_KEYS))
+        result = _parse_json(directory / RESULT, result_raw, _RESULT_KEYS, inner=("monitor", _MONITOR_KEYS))
+        status = result["status"]
+        if status not in STATUSES:
+            raise BadBundle(directory / RESULT,
+                            f"status {status[:60]!r} is not one of {', '.join(STATUSES)}")
+        key = _check_identity(directory, spec, result)
 
-    bundle = Bundle(path=directory, key=key, spec=spec, result=result, digest=_digest(raw))
-    _read_events(bundle, directory / EVENTS, raw[EVENTS], finished_ok=status == "ok")
-    _read_monitor(bundle, directory / MONITOR, raw[MONITOR], finished_ok=status == "ok")
+        bundle = Bundle(path=directory, key=key, spec=spec, result=result, digest="",
+                        signature=signature)
+        digest = hashlib.sha256(_frame(SPEC, len(spec_raw)) + spec_raw)
+        _read_events(bundle, directory / EVENTS, files[EVENTS], digest, finished_ok=status == "ok")
+        _read_monitor(bundle, directory / MONITOR, files[MONITOR], digest, finished_ok=status == "ok")
+        digest.update(_frame(RESULT, len(result_raw)) + result_raw)
+        bundle.digest = digest.hexdigest()
     if status == "ok" and bundle.summary is None:
         raise BadBundle(directory / EVENTS,
                         "has no summary record, but result.json says status ok")
@@ -184,8 +239,17 @@ def load_bundle(directory: Path | str) -> Bundle:
 # -- files -------------------------------------------------------------------------------
 
 
-def _read_file(path: Path) -> bytes | None:
-    """The file's bytes, or None when it does not exist.  Links and huge files are refused."""
+@dataclass(frozen=True)
+class _File:
+    """A bundle file opened for reading, and its size when it was opened."""
+
+    handle: BinaryIO
+    size: int
+
+
+def _open(path: Path, stack: ExitStack) -> _File | None:
+    """The file opened (closed with ``stack``), or None when it does not exist.  Links and
+    huge files are refused."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -195,12 +259,25 @@ def _read_file(path: Path) -> bytes | None:
     if not stat.S_ISREG(info.st_mode):
         raise BadBundle(path, "is not a regular file")
     limit = MAX_JSON_FILE_BYTES if path.name in (SPEC, RESULT) else MAX_FILE_BYTES
-    if info.st_size > limit:
-        raise BadBundle(path, f"is {_size(info.st_size)}, over the {_size(limit)} "
-                              "limit for a bundle file")
+    _check_size(path, info.st_size, limit)
     try:
-        with open(path, "rb") as fh:
-            return fh.read(limit + 1)
+        handle = stack.enter_context(open(path, "rb"))
+        size = os.fstat(handle.fileno()).st_size
+    except OSError as exc:
+        raise BadBundle(path, f"cannot be read: {exc.strerror}") from None
+    _check_size(path, size, limit)  # it may have grown since
+    return _File(handle, size)
+
+
+def _check_size(path: Path, size: int, limit: int) -> None:
+    if size > limit:
+        raise BadBundle(path, f"is {_size(size)}, over the {_size(limit)} limit for a bundle file")
+
+
+def _read_whole(path: Path, file: _File) -> bytes:
+    """A small file's bytes (spec.json, result.json)."""
+    try:
+        return file.handle.read(MAX_JSON_FILE_BYTES + 1)
     except OSError as exc:
         raise BadBundle(path, f"cannot be read: {exc.strerror}") from None
 
@@ -209,14 +286,35 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
 
 
-def _digest(raw: dict[str, bytes | None]) -> str:
-    """sha256 over the digest files, each framed by its name and length (absent = empty)."""
-    h = hashlib.sha256()
-    for name in DIGEST_FILES:
-        data = raw[name] or b""
-        h.update(f"{name}\0{len(data)}\0".encode())
-        h.update(data)
-    return h.hexdigest()
+def _frame(name: str, size: int) -> bytes:
+    """What precedes a file's bytes in the digest: sha256 over the digest files in order, each
+    framed by its name and length (an absent file is empty)."""
+    return f"{name}\0{size}\0".encode()
+
+
+def _blocks(path: Path, file: _File, digest: Any) -> Iterator[tuple[int, bytes, bool]]:
+    """The file's first ``file.size`` bytes in blocks of whole lines, each with the number of
+    its first line and whether it ends the file without a newline (a last line cut off
+    mid-write).  Every byte goes into ``digest`` as it is read."""
+    number, carry, left = 1, b"", file.size
+    while left:
+        try:
+            chunk = file.handle.read(min(BLOCK_BYTES, left))
+        except OSError as exc:
+            raise BadBundle(path, f"cannot be read: {exc.strerror}") from None
+        if not chunk:
+            raise BadBundle(path, f"became shorter while it was read ({file.size} bytes, then "
+                                  f"{file.size - left}): read it again")
+        left -= len(chunk)
+        digest.update(chunk)
+        data = carry + chunk if carry else chunk
+        end = data.rfind(b"\n") + 1 if left else len(data)
+        carry = data[end:]
+        if end:
+            block = data if end == len(data) else data[:end]
+            yield number, block, not left and not block.endswith(b"\n")
+            if left:
+                number += block.count(b"\n")
 
 
 # -- JSON text ---------------------------------------------------------------------------
@@ -492,48 +590,203 @@ def _check_identity(directory: Path, spec: dict[str, Any], result: dict[str, Any
 
 # -- JSON-lines files --------------------------------------------------------------------
 
+#: A smaller block is read line by line: reading in bulk costs about as much as reading fifty
+#: lines one at a time.
+_BULK_MIN_BYTES = 4096
 
-def _jsonl_records(path: Path, data: bytes, *, finished_ok: bool,
-                   warnings: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for each line after the header, which is checked here.
+# JSON number texts the bulk reading takes, each converted by Arrow to the very value
+# ``json.loads`` and then a warehouse column would hold: an integer of at most 10 digits for an
+# INTEGER column (the cast checks its range) and of at most 18 for a BIGINT one (always within
+# it); for a DOUBLE column a decimal fraction or exponent, or an integer of at most 15 digits
+# (exact in a double) but -0 (an integer zero to Python, a negative zero to Arrow).
+_INT32_TEXT = r"-?(?:0|[1-9][0-9]{0,9})"
+_INT64_TEXT = r"-?(?:0|[1-9][0-9]{0,17})"
+_DOUBLE_TEXT = (r"(?:0|-?[1-9][0-9]{0,14}"
+                r"|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+))")
+_TO_THE_END = 2**31 - 1  # a slice's stop past any line (Arrow's default stop is unreliable)
+_TRIM = pc.TrimOptions('"}\r')  # around a value cut out of a line: a string's quotes, the line's end
 
-    A final line that does not parse and has no newline was cut off mid-write: tolerated
-    (and reported as a warning) for a run that did not finish ok, an error for one that did.
-    Every record is held to the bundle-wide limits (``_value_problem``).
+
+class _Bulk:
+    """The lines of one kind of record exactly as their writer formats them — ``json.dumps``
+    of these keys in this order — read many at a time.
+
+    ``fields``: (key, the JSON text of its value as a regular expression, the Arrow type of
+    its column, or None for a key not kept); ``optional``: (key, text) of trailing keys a
+    writer may add, not kept.  ``row_type``: the ``type`` of these records (None: every
+    record but the header is one).
     """
-    ends_cleanly = data.endswith(b"\n")
-    last = data.count(b"\n") + (0 if ends_cleanly else 1)
-    for number, line in enumerate(_lines(data), start=1):
+
+    def __init__(self, row_type: str | None, fields: list[tuple[str, str, pa.DataType | None]],
+                 optional: tuple[tuple[str, str], ...] = ()) -> None:
+        self.row_type = row_type
+        keys = ", ".join(f'"{key}": {text}' for key, text, _ in fields)
+        tail = "".join(f'(?:, "{key}": {text})?' for key, text in optional)
+        self.pattern = r"\A\{" + keys + tail + r"\}\r?\z"
+        # (column, its piece of the line cut at ", ", the bytes before its value there, type);
+        # the piece's index an Arrow scalar already (converting an int each call costs a failed
+        # import in pyarrow)
+        self.columns = [(key, pa.scalar(n, pa.int32()), len(f'"{key}": ') + (n == 0), kind)
+                        for n, (key, _, kind) in enumerate(fields) if kind is not None]
+        self.schema = pa.schema([(key, kind) for key, _, _, kind in self.columns])
+
+    def is_row(self, number: int, record: dict[str, Any]) -> bool:
+        """Whether a record read exactly is one of these (then it goes into the rows)."""
+        return number > 1 and (self.row_type is None or record.get("type") == self.row_type)
+
+    def read(self, lines: pa.Array) -> tuple[pa.Array, pa.RecordBatch] | None:
+        """Which ``lines`` (binary) are written this way, and their columns; None when one of
+        them holds a value its column cannot (an integer beyond it, a number beyond a double),
+        which only the exact reading reports."""
+        matched = pc.match_substring_regex(lines, self.pattern)
+        pieces = pc.split_pattern(lines.filter(matched), b", ")
+        arrays = []
+        for _, piece, skip, kind in self.columns:
+            text = pc.binary_slice(pc.list_element(pieces, piece), skip, _TO_THE_END)
+            text = pc.ascii_trim(text.view(pa.string()), options=_TRIM)
+            if pa.types.is_string(kind):
+                arrays.append(text)
+                continue
+            try:
+                values = pc.cast(text, kind)
+            except pa.ArrowInvalid:
+                return None
+            if pa.types.is_floating(kind) and not pc.all(pc.is_finite(values)).as_py():
+                return None
+            arrays.append(values)
+        return matched, pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+# Step records as the harness writes them (runner/harness/events.py), monitor samples as the
+# host's monitors do (runner/executors/monitor.py, monitor_cgroup.py: the cgroup's usage too).
+_STEP_LINES = _Bulk("step", [
+    ("type", '"step"', None), ("epoch", _INT32_TEXT, pa.int32()), ("step", _INT32_TEXT, pa.int32()),
+    ("phase", '"(?:warmup|timed)"', pa.string()), ("seconds", _DOUBLE_TEXT, pa.float64()),
+    ("images", _INT32_TEXT, pa.int32())])
+_SAMPLE_LINES = _Bulk(None, [
+    ("t", _DOUBLE_TEXT, pa.float64()), ("cpu_user", _DOUBLE_TEXT, pa.float64()),
+    ("cpu_system", _DOUBLE_TEXT, pa.float64()), ("iowait", _DOUBLE_TEXT, pa.float64()),
+    ("rss_bytes", _INT64_TEXT, pa.int64()), ("nprocs", _INT32_TEXT, pa.int32())],
+    optional=(("mem_usage_bytes", _INT64_TEXT),))
+#: The columns of ``Bundle.steps`` and ``Bundle.monitor_samples`` record batches.
+STEP_COLUMNS = _STEP_LINES.schema
+SAMPLE_COLUMNS = _SAMPLE_LINES.schema
+
+# Checks one record read exactly and keeps it: True when it is a row (``_Bulk.is_row``),
+# which the reader keeps.
+_Take = Callable[[int, dict[str, Any]], bool]
+
+
+@dataclass
+class _JsonLines:
+    """One JSON-lines file of a bundle, read block by block (``read``).
+
+    Each line is an object; line 1 is the header, of this ``schema_version``.  A final line
+    that does not parse and has no newline was cut off mid-write: tolerated (and reported as
+    a warning) for a run that did not finish ok, an error for one that did.  Every record
+    is held to the bundle-wide limits (``_value_problem``).
+    """
+
+    path: Path
+    finished_ok: bool
+    warnings: list[str]
+    bulk: _Bulk
+    take: _Take
+
+    def read(self, file: _File, digest: Any) -> Rows:
+        """Every line, each record given to ``take``; return the rows."""
+        rows: Rows = []
+        for first, block, cut in _blocks(self.path, file, digest):
+            lines = _split_lines(block)
+            if first == 1:  # the header, read on its own
+                self.exact(1, lines[:1], cut=cut and len(lines) == 1)
+                lines, first = lines[1:], 2
+            batch = self.in_bulk(first, lines, cut=cut) if len(block) >= _BULK_MIN_BYTES else None
+            if batch is None:
+                records = self.exact(first, lines, cut=cut)
+                if records:
+                    rows.append(_rows_chunk(self.bulk.schema, records))
+            elif batch.num_rows:
+                rows.append(batch)
+        return rows
+
+    def exact(self, first: int, lines: list[bytes], *, cut: bool) -> list[dict[str, Any]]:
+        """Read ``lines`` (line ``first`` on) one at a time; ``cut``: the last of them ends the
+        file without a newline.  Return the rows among them."""
+        rows = []
+        for n, line in enumerate(lines):
+            record = self.record(first + n, line, cut=cut and n == len(lines) - 1)
+            if record is None:
+                self.warnings.append(f"{self.path.name}: ignored truncated line {first + n}")
+                break
+            if self.take(first + n, record):
+                rows.append(record)
+        return rows
+
+    def in_bulk(self, first: int, lines: list[bytes], *, cut: bool) -> pa.RecordBatch | None:
+        """The rows among ``lines`` (line ``first`` on) read in bulk, the other lines exactly;
+        None, with nothing of them taken, when they must be read one at a time (``exact``): a
+        row the bulk reading cannot vouch for, or a line at fault, reported there in its place."""
+        read = self.bulk.read(pa.array(lines, pa.binary()))
+        if read is None:
+            return None
+        matched, batch = read
+        others: list[tuple[int, dict[str, Any] | None]] = []
+        for n in pc.indices_nonzero(pc.invert(matched)).to_pylist():
+            try:
+                record = self.record(first + n, lines[n], cut=cut and n == len(lines) - 1)
+            except BadBundle:
+                return None
+            if record is not None and self.bulk.is_row(first + n, record):
+                return None  # a row written otherwise: read exactly, it keeps its place among the rows
+            others.append((first + n, record))
+        for number, record in others:
+            if record is None:
+                self.warnings.append(f"{self.path.name}: ignored truncated line {number}")
+                break
+            self.take(number, record)
+        return batch
+
+    def record(self, number: int, line: bytes, *, cut: bool) -> dict[str, Any] | None:
+        """Line ``number``'s object; None when it is the cut-off last line (``cut``) of a run
+        that did not finish ok."""
         try:
             obj = loads(line)
         except _Refused as exc:
-            raise BadBundle(path, f"line {number} {exc}") from None
+            raise BadBundle(self.path, f"line {number} {exc}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            if number == last and not ends_cleanly:
-                if finished_ok:
-                    raise BadBundle(path, f"line {number} is truncated (the file ends "
-                                          "mid-record) but result.json says status ok") from None
-                warnings.append(f"{path.name}: ignored truncated line {number}")
-                return
+            if cut:
+                if self.finished_ok:
+                    raise BadBundle(self.path, f"line {number} is truncated (the file ends "
+                                               "mid-record) but result.json says status ok") from None
+                return None
             reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-            raise BadBundle(path, f"invalid JSON at line {number}: {reason}") from None
+            raise BadBundle(self.path, f"invalid JSON at line {number}: {reason}") from None
         if not isinstance(obj, dict):
-            raise BadBundle(path, f"line {number} is not a JSON object")
+            raise BadBundle(self.path, f"line {number} is not a JSON object")
         if number == 1:
             if obj.get("type") != "header":
-                raise BadBundle(path, "line 1 is not a header record")
-            _check_version(path, obj)
-        yield number, obj
+                raise BadBundle(self.path, "line 1 is not a header record")
+            _check_version(self.path, obj)
+        return obj
 
 
-def _lines(data: bytes) -> Iterator[bytes]:
-    """The lines of ``data`` one at a time (no list of millions of small ``bytes``)."""
-    start = 0
-    while start < len(data):
-        end = data.find(b"\n", start)
-        end = len(data) if end < 0 else end
-        yield data[start:end]
-        start = end + 1
+def _split_lines(block: bytes) -> list[bytes]:
+    """A block's lines, without their newlines."""
+    lines = block.split(b"\n")
+    if block.endswith(b"\n"):
+        lines.pop()
+    return lines
+
+
+def _rows_chunk(schema: pa.Schema, records: list[dict[str, Any]]) -> pa.RecordBatch | list[dict[str, Any]]:
+    """Rows read exactly, as a record batch of ``schema``; the records themselves when a value
+    does not fit its Arrow column (``rows`` names it)."""
+    try:
+        return pa.RecordBatch.from_arrays(
+            [pa.array([r.get(f.name) for r in records], type=f.type) for f in schema], schema=schema)
+    except (pa.ArrowException, OverflowError, ValueError, TypeError):
+        return records
 
 
 def _check_line(path: Path, number: int, record: dict[str, Any], what: str,
@@ -545,26 +798,27 @@ def _check_line(path: Path, number: int, record: dict[str, Any], what: str,
         raise BadBundle(path, f"line {number}: {what} {problem}")
 
 
-def _read_events(bundle: Bundle, path: Path, data: bytes | None, *, finished_ok: bool) -> None:
-    if not data:
+def _read_events(bundle: Bundle, path: Path, file: _File | None, digest: Any, *,
+                 finished_ok: bool) -> None:
+    digest.update(_frame(EVENTS, file.size if file else 0))
+    if file is None or not file.size:
         if finished_ok:
             raise BadBundle(path, "is missing or empty, but result.json says status ok")
         return
     checks = {"step": _STEP_KEYS, "epoch": _EPOCH_KEYS, "summary": _SUMMARY_KEYS, "layer": _LAYER_KEYS,
               "probe": _PROBE_KEYS}
-    for number, record in _jsonl_records(path, data, finished_ok=finished_ok,
-                                         warnings=bundle.warnings):
+
+    def take(number: int, record: dict[str, Any]) -> bool:
         kind = record.get("type")
         what = f"{kind} record" if isinstance(kind, str) and kind.isidentifier() else "record"
         _check_line(path, number, record, what, checks.get(kind) if isinstance(kind, str) else None)
         if number == 1:
             bundle.header = record
-            continue
-        if kind == "step":
+        elif kind == "step":
             if record["phase"] not in _PHASES:
                 raise BadBundle(path, f"line {number}: step phase {record['phase']!r} is not "
                                       "'warmup' or 'timed'")
-            bundle.steps.append(record)
+            return True
         elif kind == "epoch":
             bundle.epochs.append(record)
         elif kind == "layer":
@@ -582,16 +836,25 @@ def _read_events(bundle: Bundle, path: Path, data: bytes | None, *, finished_ok:
         elif kind == "model":
             bundle.model = record
         # "end" and record types from newer harnesses of the same schema are ignored.
+        return False
+
+    lines = _JsonLines(path, finished_ok, bundle.warnings, _STEP_LINES, take)
+    bundle.steps = lines.read(file, digest)
 
 
-def _read_monitor(bundle: Bundle, path: Path, data: bytes | None, *, finished_ok: bool) -> None:
-    if not data:  # a run can end before the monitor's first write; aggregates live in result
+def _read_monitor(bundle: Bundle, path: Path, file: _File | None, digest: Any, *,
+                  finished_ok: bool) -> None:
+    digest.update(_frame(MONITOR, file.size if file else 0))
+    if file is None or not file.size:  # a run can end before the monitor's first write; aggregates live in result
         return
-    for number, record in _jsonl_records(path, data, finished_ok=finished_ok,
-                                         warnings=bundle.warnings):
+
+    def take(number: int, record: dict[str, Any]) -> bool:
         if number == 1:
             _check_line(path, number, record, "header", None)
             bundle.monitor_header = record
-            continue
+            return False
         _check_line(path, number, record, "sample", _SAMPLE_KEYS)
-        bundle.monitor_samples.append(record)
+        return True
+
+    lines = _JsonLines(path, finished_ok, bundle.warnings, _SAMPLE_LINES, take)
+    bundle.monitor_samples = lines.read(file, digest)
