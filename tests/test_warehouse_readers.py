@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from bundle_factory import make_bundle
+from matrun.warehouse import maintenance
 from matrun.warehouse.db import open_warehouse, view_sql
 from matrun.warehouse.ingest import ingest
+from matrun.warehouse.query import run_query
 
 TABLES = ("runs", "steps", "epochs", "layers", "monitor_samples", "images", "studies",
           "study_findings", "study_cells", "schema_migrations")
@@ -113,3 +115,23 @@ def test_readers_polling_every_50_ms_are_never_refused_nor_see_half_an_ingest(tm
     opens, refused, inconsistent = map(int, out.split())
     assert (refused, inconsistent) == (0, 0), err
     assert opens >= 10  # it really polled during the ingests
+
+
+def test_many_small_ingests_are_compacted_and_lose_nothing(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(maintenance, "MAX_FILES", 8)
+    path = tmp_path / "w.duckdb"
+    seconds = [0.02] * 10 + [0.01] * 90
+    for i in range(20):  # as a sweep ingests: one bundle per call, a steps file each
+        bundle = make_bundle(tmp_path / "results", cell_id=f"{i:016x}", step_seconds=seconds,
+                             warmup_steps=10)
+        report = ingest([bundle], warehouse=path)
+        assert len(report.ingested) == 1 and not report.warnings
+    with open_warehouse(path) as wh:
+        files = maintenance.data_files(wh.con)
+        assert 1 <= files["steps"] <= 8  # merged whenever it passed 8
+        assert wh.con.execute("SELECT count(*), count(DISTINCT run_id) FROM steps").fetchone() == (2000, 20)
+        done = maintenance.maintain(wh.con, force=True)
+        assert done is not None and done.files_after <= done.files_before
+        assert maintenance.data_files(wh.con)["steps"] == 1
+    assert run_query("SELECT count(*) FROM run_overview", warehouse=path)[1] == [(20,)]

@@ -12,7 +12,8 @@ Modules:
 - ``bundles/``: the result bundle, both sides: ``layout`` (file names, schema version,
   statuses, run directories), ``write`` (the host's writers), ``read`` (find and validate);
 - ``rows``: a bundle's rows, one Arrow table per warehouse table, checked against the columns;
-- ``ingest``: load bundles into the warehouse in one transaction;
+- ``ingest``: load bundles into the warehouse, a transaction per batch;
+- ``maintenance``: compaction of the lake's files after ingests;
 - ``query``: one read-only SQL statement typed by a user;
 - ``images``: the ``images`` table ``matrun build`` records;
 - ``compare``: ``matrun compare``: two selections of runs matched cell by cell (data, CSV,

@@ -26,6 +26,7 @@ from matrun.errors import BundleError, InputError, WarehouseError
 from matrun.warehouse.bundles.read import (BadBundle, Bundle, BundleIncomplete, bundle_signature,
                                            find_bundles, load_bundle)
 from matrun.warehouse.db import is_no_space, no_space_error, open_warehouse, rollback, shown
+from matrun.warehouse.maintenance import maintain
 from matrun.warehouse.rows import Unstorable, bundle_tables, describe
 
 _NO_SPACE_DETAIL = ("nothing was written to it and the bundles are kept: free some space and "
@@ -111,6 +112,11 @@ def _flush(warehouse: Path | str, wait_s: float,
     with open_warehouse(warehouse, wait_s=wait_s) as wh:
         new = {id(b) for b in _select_new(wh.con, [b for b, _ in pending], report)}
         report.ingested += _insert_all(wh.con, wh.path, [(b, t) for b, t in pending if id(b) in new], report)
+        try:
+            maintain(wh.con)
+        except duckdb.Error as exc:  # the runs are in; only the files stay many
+            report.warnings.append((wh.path, f"compaction failed ({_first_line(exc)[:200]}); the "
+                                             "runs are in: run `matrun warehouse compact` later"))
 
 
 def _known_stats(con: duckdb.DuckDBPyConnection, dirs: Sequence[Path]) -> dict[str, str]:
