@@ -19,10 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import duckdb
-
 from matrun.runner.environments.venvs import ensure_env
 from matrun.runner.datasets.staging import default_data_dir
+from matrun.warehouse.db import open_warehouse
 
 HERE = Path(__file__).resolve().parent
 MATRUN = str(Path(sys.executable).with_name("matrun"))
@@ -44,11 +43,8 @@ momentum = 0.9
 
 def through_sweep(workdir: Path) -> float:
     subprocess.run([MATRUN, "sweep", "--force"], cwd=workdir, check=True, capture_output=True)
-    con = duckdb.connect(str(workdir / "matrun.duckdb"), read_only=True)
-    try:
-        return con.execute("SELECT throughput FROM runs ORDER BY ingested_at DESC LIMIT 1").fetchone()[0]
-    finally:
-        con.close()
+    with open_warehouse(workdir / "matrun.duckdb", read_only=True) as wh:
+        return wh.con.execute("SELECT throughput FROM runs ORDER BY ingested_at DESC LIMIT 1").fetchone()[0]
 
 
 def bare(python: Path, data: Path, threads: int, batch: int, steps: int, warmup: int) -> float:

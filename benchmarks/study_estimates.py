@@ -13,12 +13,11 @@ import argparse
 import statistics
 from pathlib import Path
 
-import duckdb
-
 from matrun.runner.executors.registry import get_executor
 from matrun.runner.planning.identity import plan_cells
 from matrun.runner.planning.matrix import load_matrix
 from matrun.runner.planning.studies import CostModel, study_files
+from matrun.warehouse.db import open_warehouse
 
 
 def main() -> None:
@@ -27,12 +26,11 @@ def main() -> None:
     ap.add_argument("--studies", type=Path, default=Path("studies"))
     ap.add_argument("--matrix", type=Path, action="append", default=[], help="more study files (e.g. matrix.toml)")
     args = ap.parse_args()
-    con = duckdb.connect(str(args.warehouse), read_only=True)
-    done = con.execute("""
-        SELECT sc.study, sc.profile, list(DISTINCT sc.cell_id), sum(r.wall_seconds), count(*)
-        FROM study_cells sc JOIN runs r USING (cell_id)
-        WHERE r.status = 'ok' GROUP BY ALL""").fetchall()
-    con.close()
+    with open_warehouse(args.warehouse, read_only=True) as wh:
+        done = wh.con.execute("""
+            SELECT sc.study, sc.profile, list(DISTINCT sc.cell_id), sum(r.wall_seconds), count(*)
+            FROM study_cells sc JOIN runs r USING (cell_id)
+            WHERE r.status = 'ok' GROUP BY ALL""").fetchall()
     files = {}
     for path in [*study_files(args.studies), *args.matrix]:
         m = load_matrix(path)

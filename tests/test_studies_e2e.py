@@ -14,8 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pytest
+
+from lake_client import plain_connect
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRUN = [str(Path(sys.executable).with_name("matrun"))]
@@ -39,7 +40,7 @@ def matrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def rows(db: Path, query: str, params: list | None = None) -> list[dict]:
-    con = duckdb.connect(str(db), read_only=True)
+    con = plain_connect(db)
     try:
         cur = con.execute(query, params or [])
         names = [d[0] for d in cur.description]
