@@ -92,7 +92,7 @@ WhereOpt = Annotated[list[str], typer.Option(
     "--where", "-w", metavar="KEY=V[,V…]", help="Only cells whose parameter KEY has one of these values "
     "(repeatable; KEY may be 'cell' for a cell-id prefix).")]
 WarehouseOpt = Annotated[Optional[Path], typer.Option(
-    "--warehouse", metavar="FILE", help="DuckDB file (default: the one matrix.toml names, else ./matrun.duckdb).")]
+    "--warehouse", metavar="DIR", help="The warehouse (default: the one matrix.toml names, else ./matrun.duckdb).")]
 TableFormatOpt = Annotated[str, typer.Option("--format", "-f", metavar="FORMAT", help="table, csv or json.")]
 
 F = TypeVar("F", bound=Callable[..., Any])
