@@ -54,7 +54,7 @@ def test_help_names_every_value_in_words():
         assert not raw, f"matrun {' '.join(words)} --help shows {raw}:\n{result.output}"
     query = runner.invoke(app, ["query", "--help"], env={"COLUMNS": "250"}).output
     assert re.search(r"Usage: matrun query \[OPTIONS\] \{?SQL\}?", query)
-    assert re.search(r"--warehouse +FILE ", query) and re.search(r"--format +-f +FORMAT ", query)
+    assert re.search(r"--warehouse +DIR ", query) and re.search(r"--format +-f +FORMAT ", query)
     assert re.search(r"--help +Show this message", query)
     sweep = runner.invoke(app, ["sweep", "--help"], env={"COLUMNS": "250"}).output
     assert re.search(r"--where +-w +KEY=V\[,V…\] ", sweep) and re.search(r"--force +Run again", sweep)
