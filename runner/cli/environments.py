@@ -106,7 +106,7 @@ def build(
     force: Annotated[bool, typer.Option("--force", help="Build even when an image with the same tag exists.")] = False,
     no_probe: Annotated[bool, typer.Option("--no-probe", help="Skip the probe and the variant's promise check.")] = False,
     warehouse: Annotated[Optional[Path], typer.Option(
-        "--warehouse", metavar="FILE", help="DuckDB file to record the images in (default: the matrix's).")] = None,
+        "--warehouse", metavar="DIR", help="The warehouse to record the images in (default: the matrix's).")] = None,
 ) -> None:
     """Build the framework images the matrix needs (only those), probe them, record them."""
     images = wanted_images(matrix, where, image, profile)

@@ -22,7 +22,7 @@ def _estimate(value: float | None) -> str:
 def studies(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="The folder of study files.")] = Path("studies"),
     warehouse: Annotated[Optional[Path], typer.Option(
-        "--warehouse", metavar="FILE", help="DuckDB file whose earlier runs the estimates come from "
+        "--warehouse", metavar="DIR", help="The warehouse whose earlier runs the estimates come from "
         "(default: the one matrix.toml names, else ./matrun.duckdb).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", metavar="FORMAT", help="table or json.")] = "table",
 ) -> None:
