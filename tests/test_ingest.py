@@ -700,3 +700,28 @@ def test_a_bundle_read_in_many_bulk_blocks_is_ingested_whole(
                     "GROUP BY run_id") == [(RUN, 5000, 0, 4999, 5000 * 64, 10, round(sum(seconds), 6))]
     assert rows(wh, "SELECT count(*), max(rss_bytes), sum(t) FROM monitor_samples") == [
         (1000, 10**8 + 1000, 0.5 * 1000 * 1001 / 2)]
+
+
+def test_an_unchanged_bundle_is_recognised_without_reading_it(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "w.duckdb"
+    first = make_bundle(tmp_path / "results", cell_id="a" * 16)
+    second = make_bundle(tmp_path / "results", cell_id="b" * 16)
+    assert len(ingest([tmp_path / "results"], warehouse=path).ingested) == 2
+    read: list[Path] = []
+    real = ingest_module.load_bundle
+    monkeypatch.setattr(ingest_module, "load_bundle", lambda d: read.append(Path(d)) or real(d))
+    again = ingest([tmp_path / "results"], warehouse=path)
+    assert again.counts == {"ingested": 0, "unchanged": 2, "skipped": 0, "incomplete": 0}
+    assert read == []  # recognised by their stat fingerprint alone
+    # A bundle touched since (same content, new mtime) is read again, and found unchanged by
+    # its digest; one whose content changed is a conflict, never an overwrite.
+    os.utime(first / "events.jsonl", ns=(1, 1))
+    events = second / "events.jsonl"
+    events.write_text(events.read_text(encoding="utf-8").replace('"images": 64', '"images": 32', 1),
+                      encoding="utf-8")
+    third = ingest([tmp_path / "results"], warehouse=path)
+    assert sorted(read) == sorted([first.resolve(), second.resolve()])
+    assert third.unchanged == [first.resolve()]
+    assert [p for p, _ in third.skipped] == [second.resolve()]
+    assert third.skipped[0][1].startswith(f"conflict: run {'b' * 16}/0-1 is already in the warehouse")
