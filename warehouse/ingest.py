@@ -23,6 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from matrun.errors import BundleError, InputError, WarehouseError
+from matrun.warehouse import catalog
 from matrun.warehouse.bundles.read import (BadBundle, Bundle, BundleIncomplete, bundle_signature,
                                            find_bundles, load_bundle)
 from matrun.warehouse.db import is_no_space, no_space_error, open_warehouse, rollback, shown
@@ -106,17 +107,78 @@ def ingest(paths: Iterable[Path | str], *, warehouse: Path | str,
 
 def _flush(warehouse: Path | str, wait_s: float,
            pending: list[tuple[Bundle, dict[str, pa.Table]]], report: IngestReport) -> None:
-    """Write the bundles read so far that are new, in one transaction under the writer lock."""
+    """Write the bundles read so far that are new, in one transaction under the writer lock
+    (a catalog several hosts share: see :func:`_flush_shared`)."""
     if not pending:
         return
     with open_warehouse(warehouse, wait_s=wait_s) as wh:
-        new = {id(b) for b in _select_new(wh.con, [b for b, _ in pending], report)}
-        report.ingested += _insert_all(wh.con, wh.path, [(b, t) for b, t in pending if id(b) in new], report)
+        if not catalog.layout(wh.path).local:
+            _flush_shared(wh.con, wh.path, pending, report)
+        else:
+            new = {id(b) for b in _select_new(wh.con, [b for b, _ in pending], report)}
+            report.ingested += _insert_all(wh.con, wh.path, [(b, t) for b, t in pending if id(b) in new], report)
         try:
             maintain(wh.con)
         except duckdb.Error as exc:  # the runs are in; only the files stay many
             report.warnings.append((wh.path, f"compaction failed ({_first_line(exc)[:200]}); the "
                                              "runs are in: run `matrun warehouse compact` later"))
+
+
+# -- several hosts: a shared catalog (docs/WAREHOUSE.md "Several hosts") --------------------
+
+
+def _flush_shared(con: duckdb.DuckDBPyConnection, path: Path,
+                  pending: list[tuple[Bundle, dict[str, pa.Table]]], report: IngestReport) -> None:
+    """``_flush`` for a catalog other hosts write at the same time (no lock orders them):
+    each transaction claims the writer epoch and selects the new bundles inside it, so of two
+    that overlap DuckLake commits one; the other is rolled back and done again with what the
+    first wrote in sight (``catalog.retry_conflicts``).  A value the warehouse refuses sends
+    the bundles in one transaction each, as in ``_insert_all``."""
+    done = IngestReport()
+    try:
+        try:
+            done = catalog.retry_conflicts(path, lambda: _claimed_write(con, pending))
+        except (duckdb.DataError, duckdb.IntegrityError):
+            for item in pending:
+                try:
+                    one = catalog.retry_conflicts(path, lambda item=item: _claimed_write(con, [item]))
+                except (duckdb.DataError, duckdb.IntegrityError) as exc:
+                    done.skipped.append((item[0].path, f"the warehouse refused it: {_first_line(exc)[:300]}"))
+                else:
+                    done.ingested += one.ingested
+                    done.unchanged += one.unchanged
+                    done.skipped += one.skipped
+    except duckdb.Error as exc:
+        raise _failure(path, exc, written=len(done.ingested)) from None
+    report.ingested += done.ingested
+    report.unchanged += done.unchanged
+    report.skipped += done.skipped
+
+
+def _claimed_write(con: duckdb.DuckDBPyConnection,
+                   items: list[tuple[Bundle, dict[str, pa.Table]]]) -> IngestReport:
+    """One transaction: select the new bundles among ``items``; when there are any, claim the
+    writer epoch and insert their rows (the transaction reads one snapshot, so the claim
+    conflicts with any writer's that committed after the selection).  What it did is returned
+    (``ingested``, ``unchanged``, ``skipped``); ``catalog.WriterConflict`` when DuckLake
+    refused the commit (rolled back)."""
+    done = IngestReport()
+    con.execute("BEGIN TRANSACTION")
+    try:
+        new = {id(b) for b in _select_new(con, [b for b, _ in items], done)}
+        chosen = [tables for bundle, tables in items if id(bundle) in new]
+        if chosen:
+            catalog.claim_writer(con)
+            for name in chosen[0]:
+                _insert_table(con, name, pa.concat_tables([tables[name] for tables in chosen]))
+        con.execute("COMMIT")
+    except BaseException as exc:
+        rollback(con)
+        if catalog.is_conflict(exc):
+            raise catalog.WriterConflict(" ".join(str(exc).split())) from None
+        raise
+    done.ingested = [bundle.path for bundle, _ in items if id(bundle) in new]
+    return done
 
 
 def _known_stats(con: duckdb.DuckDBPyConnection, dirs: Sequence[Path]) -> dict[str, str]:

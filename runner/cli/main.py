@@ -2,7 +2,7 @@
 
 Importing a command module registers its commands on ``common.app`` (``common.command``);
 the order of the imports below is the order ``matrun --help`` lists them in (the commands,
-then the groups ``data``, ``engine`` and ``slurm``).
+then the groups ``data``, ``engine``, ``slurm`` and ``warehouse``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from matrun.runner.cli import data  # noqa: F401  the data group
 from matrun.runner.cli import environments  # noqa: F401  envs, build, images; the engine group
 from matrun.runner.cli import analysis  # noqa: F401  compare, advise
 from matrun.runner.cli import slurm  # noqa: F401  the slurm group
+from matrun.runner.cli import warehouse  # noqa: F401  the warehouse group
 # isort: on
 from matrun.runner.cli.common import app
 
