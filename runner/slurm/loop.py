@@ -37,10 +37,13 @@ CANCEL_WAIT_S = 180.0  # how long to wait for cancelled tasks to stop their cont
 def run_async(runner: AsyncExecutor, jobs: JobTracker, matrix: Matrix, todo: list[tuple[PlannedCell, int]],
               done: dict[tuple[str, int], dict[str, Any]], data_dir: Path, summary: SweepSummary,
               emit: Callable[[SweepEvent], None], *, detach: bool,
-              after_submit: Callable[[], None] = lambda: None) -> SweepSummary:
+              after_submit: Callable[[], None] = lambda: None,
+              waiting_for: frozenset[tuple[str, int]] = frozenset()) -> SweepSummary:
     """Submit ``todo`` through an asynchronous executor, then (unless ``detach``) ingest every run
     of the sweep's submissions as it finishes until none is queued or running.  ``after_submit``
-    is called once the submissions are recorded (the sweep releases its submit claim there)."""
+    is called once the submissions are recorded (the sweep releases its submit claim there).
+    ``waiting_for``: the (cell, repeat) of earlier submissions the plan found in flight; one that
+    ended since is reported here, not taken for one that had ended before."""
     sweep_dir = matrix.sweep.results / matrix.sweep.name
     cells = {pc.cell_id: pc for pc, _ in todo}
     reported: set[Path] = set()
@@ -62,7 +65,8 @@ def run_async(runner: AsyncExecutor, jobs: JobTracker, matrix: Matrix, todo: lis
             summary.detached = True
             return summary
         views = jobs.refresh(max_age=0)
-        reported = {v.run_dir for v in views if v.phase in ("finished", "dropped")}
+        reported = {v.run_dir for v in views if v.phase in ("finished", "dropped")
+                    and (v.cell_id, v.repeat) not in waiting_for}
         announced: set[Path] = set()
         poll = runner.settings.poll_interval
         while True:

@@ -203,7 +203,8 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
     if isinstance(runner, AsyncExecutor):
         assert jobs is not None
         return run_async(runner, jobs, matrix, todo, done, data_dir, summary, emit, detach=detach,
-                         after_submit=submit_claim.release if submit_claim else (lambda: None))
+                         after_submit=submit_claim.release if submit_claim else (lambda: None),
+                         waiting_for=frozenset(in_flight))
     assert isinstance(runner, SyncExecutor)
     if not todo:
         return summary
