@@ -17,13 +17,14 @@ import pytest
 
 from bundle_factory import make_bundle
 from matrun.errors import QueryError, WarehouseError, WarehouseLocked
-from matrun.warehouse import db
+from matrun.warehouse import db, materialise
 from matrun.warehouse.db import VIEW_COMMENT_PREFIX, open_warehouse
 from matrun.warehouse.ingest import ingest
 from matrun.warehouse.query import run_query
 
 TABLES = {"runs", "steps", "epochs", "monitor_samples", "layers", "images", "studies", "study_findings",
-          "study_cells", "schema_migrations"}
+          "study_cells", "schema_migrations", "cell_cache", "cache_state",
+          *(cache.table for cache in materialise.CACHED)}
 VIEWS = {"run_overview", "cell_status", "cell_durations", "baseline", "epoch_curve",
          "provenance"}
 
@@ -51,7 +52,7 @@ def test_new_warehouse_has_tables_views_and_every_migration_row(tmp_path: Path) 
         assert VIEWS <= _names(wh.con, "views")
     rows = _migration_rows(path)
     assert [(v, n) for v, n, _ in rows] == [(1, "initial"), (2, "layers"), (3, "images"), (4, "studies"),
-                                       (5, "bundle_stat")]
+                                       (5, "bundle_stat"), (6, "view_caches")]
     assert rows[0][2]  # applied_at recorded
 
 
@@ -88,7 +89,7 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "w.duckdb"
     with open_warehouse(path) as wh:
         wh.con.execute("INSERT INTO schema_migrations (version, name) VALUES (999, 'future')")
-    message = f"warehouse {path} has schema version 999; this matrun knows up to 5: upgrade matrun"
+    message = f"warehouse {path} has schema version 999; this matrun knows up to 6: upgrade matrun"
     with pytest.raises(WarehouseError) as err:
         with open_warehouse(path):
             pass
@@ -107,7 +108,7 @@ def test_read_only_refuses_a_warehouse_with_pending_migrations(tmp_path: Path) -
         with open_warehouse(path, read_only=True):
             pass
     assert str(err.value) == (f"warehouse {path} was written by an older matrun (schema version "
-                              "0, this matrun has 5); run `matrun ingest` on it once to upgrade it")
+                              "0, this matrun has 6); run `matrun ingest` on it once to upgrade it")
 
 
 # -- files that are not warehouses -------------------------------------------------------

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 import matrun
 from matrun.errors import InputError, MatrunError, WarehouseError
+from matrun.warehouse import materialise
 from matrun.warehouse.db import is_no_space, open_warehouse, rollback, shown, view_sql
 from matrun.warehouse.query import write_csv
 
@@ -154,12 +155,15 @@ def choose(known: dict[str, str], names: Sequence[str] | None) -> dict[str, str]
     warehouse lacks raises :class:`InputError` naming it and listing the known ones."""
     if not names:
         matrun_views = set(view_sql())
-        return {name: kind for name, kind in known.items() if kind == "table" or name in matrun_views}
+        return {name: kind for name, kind in known.items()
+                if (kind == "table" and not materialise.is_cache(name)) or name in matrun_views}
     by_lower = {name.lower(): name for name in known}
     unknown = [name for name in names if name.lower() not in by_lower]
     if unknown:
-        tables = ", ".join(name for name, kind in known.items() if kind == "table")
-        views = ", ".join(name for name, kind in known.items() if kind == "view")
+        # the views' caches and live views can be named, but are no answer to list
+        tables = ", ".join(name for name, kind in known.items() if kind == "table" and not materialise.is_cache(name))
+        views = ", ".join(name for name, kind in known.items()
+                          if kind == "view" and not materialise.is_live_view(name))
         raise InputError(f"--table {', '.join(unknown)}: no such table or view in the warehouse "
                          f"(tables: {tables or 'none'}; views: {views or 'none'})")
     chosen = [by_lower[name.lower()] for name in names]

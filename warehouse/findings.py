@@ -26,6 +26,7 @@ import duckdb
 
 from matrun.errors import InputError, WarehouseError
 from matrun.runner.harness.spec import PARAMS as _SPEC_PARAMS  # the cell parameters, declared once
+from matrun.warehouse import materialise
 from matrun.warehouse.db import is_no_space, rollback, view_sql
 
 Add = Callable[[tuple[Any, ...], str], None]
@@ -564,6 +565,7 @@ def register_study(con: duckdb.DuckDBPyConnection, decl: StudyDecl, *, profile: 
         if cells:
             con.execute("INSERT INTO study_cells (study, profile, cell_id) "
                         "SELECT ?, ?, unnest(?::VARCHAR[])", [decl.id, profile, cells])
+        materialise.refresh_studies(con, [decl.id])  # its findings, read from their cache
         con.execute("COMMIT")
     except duckdb.Error as exc:
         rollback(con)

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from matrun.warehouse import materialise
 from matrun.warehouse.db import open_warehouse
 
 COLUMNS = ("tag", "image_id", "framework", "variant", "content_hash", "recipe_hash", "base_image",
@@ -58,6 +59,7 @@ def record_images(warehouse: Path | str, built: Iterable[Any]) -> int:
                     wh.con.execute("DELETE FROM images WHERE tag = ?", [row["tag"]])
                 wh.con.execute(f"INSERT INTO images ({', '.join(COLUMNS)}) VALUES ({placeholders})",
                                [row[c] for c in COLUMNS])
+            materialise.refresh(wh.con)  # an image's BLAS is part of its cells' statistics
             wh.con.execute("COMMIT")
         except BaseException:
             wh.con.execute("ROLLBACK")

@@ -23,7 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from matrun.errors import BundleError, InputError, WarehouseError
-from matrun.warehouse import catalog
+from matrun.warehouse import catalog, materialise
 from matrun.warehouse.bundles.read import (BadBundle, Bundle, BundleIncomplete, bundle_signature,
                                            find_bundles, load_bundle)
 from matrun.warehouse.db import is_no_space, no_space_error, open_warehouse, rollback, shown
@@ -343,6 +343,7 @@ def _write(con: duckdb.DuckDBPyConnection, bundles: list[dict[str, pa.Table]]) -
     try:
         for name, table in tables.items():
             _insert_table(con, name, table)
+        materialise.refresh(con)
         con.execute("COMMIT")
     except BaseException:
         rollback(con)

@@ -21,10 +21,11 @@ CREATE OR REPLACE MACRO median_ci_rank(n) AS
 -- {low, high, level} of the median's interval over a list of values (NULL for fewer than
 -- two values); `level` is the interval's exact coverage (>= 0.95 from 6 values on).
 CREATE OR REPLACE MACRO median_ci(vals) AS
-    list_transform([list_sort(vals)], lambda s: CASE WHEN coalesce(len(s), 0) < 2 THEN NULL ELSE struct_pack(
-        low := s[median_ci_rank(len(s))],
-        high := s[len(s) + 1 - median_ci_rank(len(s))],
-        level := 1 - 2 * binom_half_cdf(median_ci_rank(len(s)) - 1, len(s))) END)[1];
+    list_transform([list_sort(vals)], lambda s: CASE WHEN coalesce(len(s), 0) < 2 THEN NULL ELSE
+        list_transform([median_ci_rank(len(s))], lambda k: struct_pack(
+            low := s[k],
+            high := s[len(s) + 1 - k],
+            level := 1 - 2 * binom_half_cdf(k - 1, len(s))))[1] END)[1];
 
 -- The mid-rank (1-based, ties averaged) of every element of a list, in the list's order.
 CREATE OR REPLACE MACRO midranks(v) AS
@@ -125,17 +126,29 @@ CREATE OR REPLACE MACRO sd(x) AS
 
 CREATE OR REPLACE MACRO cv(x) AS sd(x) / nullif(avg(x), 0);
 
+-- A cell's parameters (p, JSON) as entries {k, kv, v} sorted by key, keys whose value is
+-- null left out (so a key an older matrun did not write and a null one read the same):
+-- kv = 'key=<the value as JSON>', v = the value as text (json_extract_string).  The study
+-- views read them from the cell cache instead of parsing the JSON again.
+CREATE OR REPLACE MACRO params_entries(p) AS
+    list_transform(
+        list_filter(list_sort(json_keys(p)), lambda k: json_type(p, '$."' || k || '"') <> 'NULL'),
+        lambda k: struct_pack(k := k, kv := k || '=' || json_extract(p, '$."' || k || '"')::VARCHAR,
+                              v := json_extract_string(p, '$."' || k || '"')));
+
 -- A canonical text of a cell's parameters without the keys in `drop` (the axes a view
--- varies): sorted key=value pairs, keys whose value is null left out (so a key an older
--- matrun did not write and a null one read the same).
-CREATE OR REPLACE MACRO params_key(p, drop) AS
-    array_to_string(list_transform(
-        list_filter(list_sort(json_keys(p)),
-            lambda k: NOT list_contains(drop, k) AND json_type(p, '$."' || k || '"') <> 'NULL'),
-        lambda k: k || '=' || json_extract(p, '$."' || k || '"')::VARCHAR), ';');
+-- varies): its entries' key=value pairs, in key order.
+CREATE OR REPLACE MACRO entries_key(e, drop) AS
+    array_to_string(list_transform(list_filter(e, lambda x: NOT list_contains(drop, x.k)), lambda x: x.kv), ';');
+CREATE OR REPLACE MACRO params_key(p, drop) AS entries_key(params_entries(p), drop);
 
 -- A short id of a configuration: the first 12 hex digits of the key's MD5.
-CREATE OR REPLACE MACRO config_id(p, drop, env) AS left(md5(params_key(p, drop) || '|' || coalesce(env, '')), 12);
+CREATE OR REPLACE MACRO entries_config_id(e, drop, env) AS
+    left(md5(entries_key(e, drop) || '|' || coalesce(env, '')), 12);
+CREATE OR REPLACE MACRO config_id(p, drop, env) AS entries_config_id(params_entries(p), drop, env);
+
+-- The value of parameter `key` as text, from a cell's entries (NULL: absent or null).
+CREATE OR REPLACE MACRO entries_value(e, key) AS list_filter(e, lambda x: x.k = key)[1].v;
 
 -- The framework facts are not written here: warehouse/framework_sql.py renders them from
 -- images/*/framework.toml and creates them before this file's macros.
@@ -210,8 +223,44 @@ CREATE OR REPLACE MACRO fmt_x(x, v) AS
          THEN v || ' ' || CASE WHEN TRY_CAST(v AS DOUBLE) = 1 THEN left(x, length(x) - 1) ELSE x END
          ELSE x || '=' || v END;
 
--- Whether a cell's parameters (p, JSON) have every value a finding's `where` table names (w,
--- a JSON object, or NULL: every cell), compared as JSON text (docs/WAREHOUSE.md "Findings").
-CREATE OR REPLACE MACRO params_match(p, w) AS
+-- Whether a cell's parameters (e: its entries; p: JSON) have every value a finding's `where`
+-- table names (w, a JSON object, or NULL: every cell), compared as JSON text
+-- (docs/WAREHOUSE.md "Findings").
+CREATE OR REPLACE MACRO entries_match(e, w) AS
     w IS NULL OR len(list_filter(json_keys(w),
-        lambda k: json_extract_string(p, '$."' || k || '"') IS DISTINCT FROM json_extract_string(w, '$."' || k || '"'))) = 0;
+        lambda k: entries_value(e, k) IS DISTINCT FROM json_extract_string(w, '$."' || k || '"'))) = 0;
+CREATE OR REPLACE MACRO params_match(p, w) AS entries_match(params_entries(p), w);
+
+-- == The study views at scale (docs/WAREHOUSE.md "Views at scale") ==========================
+
+-- The values of a findings metric over a cell's ok runs (views/findings.sql).
+CREATE OR REPLACE MACRO finding_values(metric, train_s, test_s, accuracy, throughput, epoch_s,
+                                       rss_peak_mb, cpu_total, device_memory_peak_mb) AS
+    CASE metric
+        WHEN 'train_s' THEN train_s
+        WHEN 'test_s' THEN test_s
+        WHEN 'accuracy' THEN accuracy
+        WHEN 'throughput' THEN throughput
+        WHEN 'step_s' THEN list_transform(list_filter(throughput, lambda t: t > 0), lambda t: 1.0 / t)
+        WHEN 'epoch_s' THEN epoch_s
+        WHEN 'rss_peak_mb' THEN rss_peak_mb
+        WHEN 'cpu_total' THEN cpu_total
+        WHEN 'device_memory_peak_mb' THEN device_memory_peak_mb
+    END;
+
+-- Do the caches of the study views match the warehouse?  true while they were filled from the
+-- runs the warehouse holds (their count and latest ingested_at) by these views and macros
+-- (matrun_views_digest); otherwise it fails and says what to run, so that a view read from a
+-- cache (warehouse/materialise.py; docs/WAREHOUSE.md "Views at scale") never answers with the
+-- numbers of other runs.  Runs added or removed by another client, or a warehouse no matrun
+-- writer opened since it was upgraded, do that.
+CREATE OR REPLACE MACRO caches_current() AS (
+    SELECT CASE WHEN n.runs = 0 OR coalesce((
+                    SELECT bool_and(s.digest = matrun_views_digest() AND s.runs = n.runs
+                                    AND s.last_ingested_at IS NOT DISTINCT FROM n.last_ingested_at)
+                    FROM cache_state AS s), false)
+                THEN true
+                ELSE error('the cached statistics of this warehouse are out of date (its runs changed '
+                           || 'outside matrun, or no matrun writer opened it since it was upgraded): '
+                           || 'run `matrun ingest` on it to bring them up to date') END
+    FROM (SELECT count(*) AS runs, max(ingested_at) AS last_ingested_at FROM runs) AS n);

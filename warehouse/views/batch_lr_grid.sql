@@ -6,8 +6,7 @@
 -- over the runs that have one (accuracy_n of them) and NULL when none has.  best_accuracy
 -- marks the highest median accuracy of the configuration among cells without divergence.
 WITH s AS (
-    SELECT *, config_id(params, ['batch_size', 'epochs', 'iterations', 'lr'], env_id) AS config
-    FROM cell_stats
+    SELECT *, config_lr_grid AS config FROM cell_cache
 ),
 grp AS (
     SELECT config FROM s GROUP BY config HAVING count(*) >= 2

@@ -8,7 +8,7 @@
 -- allocation on the GPU(s)) the highest of any ok run, in MiB; memory_limit_mb the cell's
 -- memory limit (NULL: none).
 WITH s AS (
-    SELECT *, config_id(params, ['batch_size'], env_id) AS config FROM cell_stats
+    SELECT *, config_batch AS config FROM cell_cache
 ),
 grp AS (
     SELECT config FROM s GROUP BY config HAVING count(DISTINCT batch_size) >= 2
@@ -19,7 +19,7 @@ SELECT
     runs, failed_runs, timeout_runs, oom_runs,
     cpu_user_median, cpu_system_median, iowait_median, cpu_total_median,
     rss_avg_mb, rss_peak_mb, device_memory_peak_mb,
-    nullif(TRY_CAST(params ->> 'memory_limit' AS BIGINT), 0) / 1048576.0 AS memory_limit_mb,
+    nullif(memory_limit, 0) / 1048576.0 AS memory_limit_mb,
     throughput_median
 FROM s
 JOIN grp USING (config)

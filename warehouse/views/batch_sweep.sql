@@ -9,7 +9,7 @@
 -- reference (macro compare_samples).  oom_runs / failed_runs count the runs that did not
 -- finish (a batch too large for memory).
 WITH s AS (
-    SELECT *, config_id(params, ['batch_size'], env_id) AS config FROM cell_stats
+    SELECT *, config_batch AS config FROM cell_cache
 ),
 grp AS (
     SELECT config FROM s GROUP BY config HAVING count(DISTINCT batch_size) >= 2
@@ -27,7 +27,7 @@ pairs AS (
     FROM s
     JOIN grp USING (config)
     LEFT JOIN ref USING (config)
-    LEFT JOIN cell_stats AS r ON r.cell_id = ref.ref_cell_id
+    LEFT JOIN s AS r ON r.cell_id = ref.ref_cell_id
 )
 SELECT
     config, framework, variant, model, dataset, device, mode, threads, epochs, iterations,

@@ -11,13 +11,16 @@
 -- p_value, test, significant: two-sided Mann-Whitney on the runs' throughput, best against
 -- default (macro compare_samples); verdict 'faster' only when significant, 'not
 -- significant' otherwise, 'default is fastest' when the best is the default.
-WITH d AS (
+WITH cs AS (
+    SELECT * FROM cell_cache
+),
+d AS (
     SELECT framework, model, dataset, device, cell_id AS default_cell_id, note AS default_note
     FROM default_cells WHERE mode = 'train'
 ),
 g AS (
-    SELECT d.*, dc.accuracy_median AS default_accuracy, dc.params AS default_params
-    FROM d LEFT JOIN cell_stats AS dc ON dc.cell_id = d.default_cell_id
+    SELECT d.*, dc.accuracy_median AS default_accuracy, dc.params_key AS default_params_key
+    FROM d LEFT JOIN cs AS dc ON dc.cell_id = d.default_cell_id
 ),
 cand AS (
     SELECT g.framework, g.model, g.dataset, g.device,
@@ -26,7 +29,7 @@ cand AS (
                     c.train_s_median ASC NULLS LAST, c.cell_id)
             AS best_cell_id
     FROM g
-    JOIN cell_stats AS c
+    JOIN cs AS c
       ON c.framework = g.framework AND c.model = g.model AND c.dataset = g.dataset
      AND c.device = g.device AND c.mode = 'train'
     WHERE c.runs > 0 AND c.diverged_runs = 0 AND c.throughput_median IS NOT NULL
@@ -39,14 +42,14 @@ pairs AS (
         dc.throughput_median AS default_throughput, b.throughput_median AS best_throughput,
         dc.train_s_median AS default_train_s, b.train_s_median AS best_train_s,
         b.accuracy_median AS best_accuracy,
-        list_filter(string_split(params_key(b.params, []), ';'),
-            lambda kv: NOT list_contains(string_split(params_key(g.default_params, []), ';'), kv)) AS changes,
+        list_filter(string_split(b.params_key, ';'),
+            lambda kv: NOT list_contains(string_split(g.default_params_key, ';'), kv)) AS changes,
         compare_samples(b.throughput_values, dc.throughput_values) AS tcmp,
         compare_samples(b.accuracy_values, dc.accuracy_values) AS acmp
     FROM g
     LEFT JOIN cand USING (framework, model, dataset, device)
-    LEFT JOIN cell_stats AS dc ON dc.cell_id = g.default_cell_id
-    LEFT JOIN cell_stats AS b ON b.cell_id = cand.best_cell_id
+    LEFT JOIN cs AS dc ON dc.cell_id = g.default_cell_id
+    LEFT JOIN cs AS b ON b.cell_id = cand.best_cell_id
 )
 SELECT
     framework, model, dataset, device,

@@ -25,9 +25,9 @@ WITH s AS (
         AND (device <> 'cpu' OR variant = 'cpu')
         AND workers = 1
         AND coalesce(cpuset, '') = ''
-        AND coalesce(TRY_CAST(params ->> 'memory_limit' AS BIGINT), 0) = 0
-        AND NOT coalesce(TRY_CAST(params ->> 'layer_profile' AS BOOLEAN), false) AS default_settings
-    FROM cell_stats
+        AND coalesce(memory_limit, 0) = 0
+        AND NOT coalesce(layer_profile, false) AS default_settings
+    FROM cell_cache
     WHERE runs > 0
 ),
 ranked AS (
@@ -70,5 +70,5 @@ SELECT
     d.throughput_median, d.throughput_ci_low, d.throughput_ci_high
 FROM groups AS g
 LEFT JOIN chosen AS c USING (framework, model, dataset, device, mode)
-LEFT JOIN cell_stats AS d ON d.cell_id = c.cell_id
+LEFT JOIN s AS d ON d.cell_id = c.cell_id
 ORDER BY g.framework, g.model, g.dataset, g.device, g.mode

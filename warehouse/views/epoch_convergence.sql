@@ -5,23 +5,13 @@
 -- (macro median_ci: [min, max] with its coverage below 6 runs, NULL for one run); train
 -- accuracy and loss means; the median epoch time with its interval, and elapsed_s, the
 -- running sum of the median epoch times up to this epoch (the x axis of accuracy over time).
-WITH e AS (
-    SELECT r.cell_id, e.epoch,
-        count(*)                                  AS runs,
-        avg(e.test_accuracy)                      AS test_accuracy_mean,
-        sd(e.test_accuracy)                       AS test_accuracy_sd,
-        min(e.test_accuracy)                      AS test_accuracy_min,
-        max(e.test_accuracy)                      AS test_accuracy_max,
-        median(e.test_accuracy)                   AS test_accuracy_median,
-        median_ci(list(e.test_accuracy) FILTER (WHERE e.test_accuracy IS NOT NULL)) AS acc_ci,
-        avg(e.train_accuracy)                     AS train_accuracy_mean,
-        avg(e.train_loss)                         AS train_loss_mean,
-        median(e.epoch_seconds)                   AS epoch_s_median,
-        median_ci(list(e.epoch_seconds) FILTER (WHERE e.epoch_seconds IS NOT NULL)) AS time_ci
-    FROM epochs AS e
-    JOIN runs AS r USING (run_id)
-    WHERE r.status = 'ok'
-    GROUP BY r.cell_id, e.epoch
+-- The rows are computed per cell in views/cell_facts.sql (epoch_rows), which keeps them in a
+-- cache (docs/WAREHOUSE.md "Views at scale").
+WITH c AS (
+    SELECT * FROM cell_cache
+),
+e AS (
+    SELECT c.cell_id, unnest(c.epoch_rows, recursive := true) FROM c
 )
 SELECT
     e.cell_id, c.framework, c.variant, c.model, c.dataset, c.device, c.threads, c.batch_size,
@@ -29,11 +19,10 @@ SELECT
     e.epoch, e.runs,
     e.test_accuracy_mean, e.test_accuracy_sd, e.test_accuracy_min, e.test_accuracy_max,
     e.test_accuracy_median,
-    e.acc_ci.low AS test_accuracy_ci_low, e.acc_ci.high AS test_accuracy_ci_high,
-    e.acc_ci.level AS test_accuracy_ci_level,
+    e.test_accuracy_ci_low, e.test_accuracy_ci_high, e.test_accuracy_ci_level,
     e.train_accuracy_mean, e.train_loss_mean,
-    e.epoch_s_median, e.time_ci.low AS epoch_s_ci_low, e.time_ci.high AS epoch_s_ci_high,
-    sum(e.epoch_s_median) OVER (PARTITION BY e.cell_id ORDER BY e.epoch) AS elapsed_s
+    e.epoch_s_median, e.epoch_s_ci_low, e.epoch_s_ci_high,
+    e.elapsed_s
 FROM e
-JOIN cell_stats AS c USING (cell_id)
+JOIN c USING (cell_id)
 ORDER BY c.framework, c.model, c.dataset, e.cell_id, e.epoch

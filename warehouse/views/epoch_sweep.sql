@@ -8,10 +8,10 @@
 -- accuracy_significant, accuracy_verdict: two-sided Mann-Whitney on the runs' accuracy
 -- against the reference (macro compare_samples).
 WITH s AS (
-    SELECT *, config_id(params, ['epochs', 'iterations'], env_id) AS config,
+    SELECT *, config_length AS config,
         CASE WHEN coalesce(iterations, 0) > 0 THEN 'iterations' ELSE 'epochs' END AS unit,
         CASE WHEN coalesce(iterations, 0) > 0 THEN iterations ELSE epochs END AS length
-    FROM cell_stats
+    FROM cell_cache
 ),
 grp AS (
     SELECT config, unit FROM s WHERE length IS NOT NULL
@@ -28,7 +28,7 @@ pairs AS (
     FROM s
     JOIN grp USING (config, unit)
     LEFT JOIN ref USING (config, unit)
-    LEFT JOIN cell_stats AS r ON r.cell_id = ref.ref_cell_id
+    LEFT JOIN s AS r ON r.cell_id = ref.ref_cell_id
 )
 SELECT
     config, framework, variant, model, dataset, device, threads, batch_size, optimizer, lr,

@@ -33,7 +33,10 @@
 -- 'not enough data' with NULL config.  effect: r (proportional and sublinear: r over the x
 -- ratio, i.e. linearity and efficiency; spread: max(r, 1/r); bounded: the largest change, in
 -- percentage points for accuracy; largest_share: the kind's median share).
-WITH f AS (
+WITH registered AS NOT MATERIALIZED (
+    SELECT * FROM study_cells  -- materialise.py reads only the studies it computes again
+),
+f AS (
     SELECT s.study, s.title, d.finding, d.position, d.claim, d.cite, d.check_kind, d.options,
         d.options ->> 'x'                                                    AS xk,
         d.options ->> 'metric'                                               AS metric,
@@ -52,74 +55,45 @@ WITH f AS (
     JOIN studies AS s USING (study)
 ),
 sc AS (
-    SELECT DISTINCT study, cell_id FROM study_cells
+    SELECT DISTINCT study, cell_id FROM registered
 ),
--- the statistics of the studies' cells, computed once
+-- the statistics of the studies' cells (cell_stats' and the other metrics' values over each
+-- cell's ok runs, the hosts' largest CPU count), computed once
 cs AS MATERIALIZED (
-    SELECT cell_id, params, env_id, runs, framework, model, dataset, device,
-        train_s_values, test_s_values, accuracy_values, throughput_values
-    FROM cell_stats
-    WHERE cell_id IN (SELECT cell_id FROM study_cells)
+    SELECT cell_id, fingerprint, entries, env_id, runs, framework, model, dataset, device, cpu_count,
+        train_s_values, test_s_values, accuracy_values, throughput_values, epoch_s_values,
+        rss_peak_mb_values, cpu_total_values, device_memory_peak_mb_values
+    FROM cell_cache
+    WHERE cell_id IN (SELECT cell_id FROM registered)
 ),
--- per-run values of the metrics cell_stats has no list of, and the hosts' CPU counts
-run_values AS (
-    SELECT cell_id,
-        list(epoch_s) FILTER (WHERE ok AND epoch_s IS NOT NULL)         AS epoch_s_values,
-        list(rss_peak_mb) FILTER (WHERE ok AND rss_peak_mb IS NOT NULL) AS rss_peak_mb_values,
-        list(cpu_total) FILTER (WHERE ok AND cpu_total IS NOT NULL)     AS cpu_total_values,
-        list(device_mb) FILTER (WHERE ok AND device_mb IS NOT NULL)     AS device_memory_peak_mb_values,
-        max(cpu_count)                                                  AS cpu_count
-    FROM (
-        SELECT cell_id, status = 'ok' AS ok,
-            CASE WHEN TRY_CAST(params ->> 'epochs' AS INTEGER) > 0
-                      AND coalesce(TRY_CAST(params ->> 'iterations' AS INTEGER), 0) = 0
-                      AND NOT coalesce(diverged, false)
-                 THEN train_seconds / TRY_CAST(params ->> 'epochs' AS INTEGER) END     AS epoch_s,
-            rss_peak_bytes / 1048576.0                                                  AS rss_peak_mb,
-            cpu_total_avg                                                               AS cpu_total,
-            TRY_CAST(summary ->> 'peak_device_memory_bytes' AS BIGINT) / 1048576.0      AS device_mb,
-            TRY_CAST(host ->> 'cpu_count' AS INTEGER)                                   AS cpu_count
-        FROM runs
-        WHERE cell_id IN (SELECT cell_id FROM study_cells)
-    )
-    GROUP BY cell_id
-),
+-- each finding's cells, with only what the checks below read (the rows are many)
 cells AS (
-    SELECT f.*, c.cell_id, c.params, c.env_id, v.cpu_count,
-        CASE WHEN regexp_full_match(f.xk, '[a-z][a-z0-9_]*')
-             THEN json_extract_string(c.params, '$."' || f.xk || '"') END AS xv,
-        CASE f.metric
-            WHEN 'train_s' THEN c.train_s_values
-            WHEN 'test_s' THEN c.test_s_values
-            WHEN 'accuracy' THEN c.accuracy_values
-            WHEN 'throughput' THEN c.throughput_values
-            WHEN 'step_s' THEN list_transform(list_filter(c.throughput_values, lambda t: t > 0), lambda t: 1.0 / t)
-            WHEN 'epoch_s' THEN v.epoch_s_values
-            WHEN 'rss_peak_mb' THEN v.rss_peak_mb_values
-            WHEN 'cpu_total' THEN v.cpu_total_values
-            WHEN 'device_memory_peak_mb' THEN v.device_memory_peak_mb_values
-        END AS vals
+    SELECT f.study, f.finding, f.check_kind, f.xk, f.metric, f.lib, f.along, f.value_text,
+        f.ref_text, f.at_most, c.cell_id, c.fingerprint, c.entries, c.env_id, c.cpu_count,
+        CASE WHEN regexp_full_match(f.xk, '[a-z][a-z0-9_]*') THEN entries_value(c.entries, f.xk) END AS xv,
+        finding_values(f.metric, c.train_s_values, c.test_s_values, c.accuracy_values,
+                       c.throughput_values, c.epoch_s_values, c.rss_peak_mb_values,
+                       c.cpu_total_values, c.device_memory_peak_mb_values) AS vals
     FROM f
     JOIN sc USING (study)
     JOIN cs AS c USING (cell_id)
-    LEFT JOIN run_values AS v USING (cell_id)
-    WHERE f.check_kind <> 'largest_share' AND params_match(c.params, f.where_obj)
+    WHERE f.check_kind <> 'largest_share' AND entries_match(c.entries, f.where_obj)
 ),
 configured AS (
-    SELECT *,
+    SELECT * EXCLUDE (entries, along, env_id),
         CASE WHEN check_kind IN ('proportional', 'sublinear') AND TRY_CAST(xv AS DOUBLE) <= 0 THEN NULL
              ELSE TRY_CAST(xv AS DOUBLE) END AS xn,
         list_median(vals) AS med,
-        config_id(params, list_concat([xk], along),
-                  CASE WHEN list_has_any(list_concat([xk], along), ['variant', 'framework'])
-                       THEN NULL ELSE env_id END) AS config
+        entries_config_id(entries, list_concat([xk], along),
+                          CASE WHEN list_has_any(list_concat([xk], along), ['variant', 'framework'])
+                               THEN NULL ELSE env_id END) AS config
     FROM cells
     WHERE xv IS NOT NULL AND coalesce(len(vals), 0) > 0
 ),
 pts AS (
     SELECT *,
         struct_pack(cell := cell_id, xv := xv, xn := xn, vals := vals, med := med,
-                    label := fmt_x(xk, xv)) AS pt,
+                    label := fmt_x(xk, xv), fp := fingerprint) AS pt,
         max(cpu_count) OVER (PARTITION BY study, finding, config) AS cpu
     FROM configured
     QUALIFY row_number() OVER (PARTITION BY study, finding, config, xv ORDER BY len(vals) DESC, cell_id) = 1
@@ -287,7 +261,7 @@ layer_runs AS (
             sum(coalesce(l.forward_seconds, 0) + coalesce(l.backward_seconds, 0)) AS t
         FROM layers AS l
         JOIN runs AS r USING (run_id)
-        WHERE r.status = 'ok' AND r.cell_id IN (SELECT cell_id FROM study_cells)
+        WHERE r.status = 'ok' AND r.cell_id IN (SELECT cell_id FROM registered)
         GROUP BY r.cell_id, l.run_id, l.kind
     )
     GROUP BY cell_id, run_id
@@ -300,7 +274,7 @@ shares AS (
     JOIN sc USING (study)
     JOIN layer_runs AS lr USING (cell_id)
     JOIN cs AS c USING (cell_id)
-    WHERE f.check_kind = 'largest_share' AND params_match(c.params, f.where_obj)
+    WHERE f.check_kind = 'largest_share' AND entries_match(c.entries, f.where_obj)
 ),
 share_cells AS (
     SELECT study, finding, cell_id, any_value(kind) AS kind,
@@ -313,7 +287,7 @@ share_cells AS (
     HAVING max(kt) > 0
 ),
 share_rows AS (
-    SELECT s.study, s.finding, config_id(c.params, []::VARCHAR[], c.env_id) AS config,
+    SELECT s.study, s.finding, entries_config_id(c.entries, []::VARCHAR[], c.env_id) AS config,
         s.cell_id, NULL::VARCHAR AS ref_cell_id,
         CASE WHEN s.nruns < 3 THEN 'not enough data'
              WHEN s.nlargest = s.nruns THEN 'reproduced'

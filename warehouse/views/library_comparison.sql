@@ -10,7 +10,7 @@
 -- Mann-Whitney on the runs' throughput (macro compare_samples), accuracy_* the same on
 -- accuracy.
 WITH s AS (
-    SELECT *, config_id(params, ['variant', 'onednn'], NULL) AS config FROM cell_stats
+    SELECT *, config_library AS config FROM cell_cache
 ),
 grp AS (
     SELECT config FROM s GROUP BY config HAVING count(DISTINCT (variant, onednn)) >= 2
@@ -31,7 +31,7 @@ pairs AS (
     FROM s
     JOIN grp USING (config)
     LEFT JOIN ref USING (config)
-    LEFT JOIN cell_stats AS r ON r.cell_id = ref.ref_cell_id
+    LEFT JOIN s AS r ON r.cell_id = ref.ref_cell_id
 )
 SELECT
     config, framework, model, dataset, device, mode, threads, batch_size, epochs,

@@ -15,8 +15,9 @@ s AS (
     SELECT o.option, o.ref_value, c.*,
         CASE o.option WHEN 'conv_algo' THEN c.conv_algo WHEN 'layout' THEN c.layout
                       WHEN 'precision' THEN c.precision ELSE CAST(c.onednn AS VARCHAR) END AS value,
-        config_id(c.params, [o.option], c.env_id) AS config
-    FROM cell_stats AS c CROSS JOIN opts AS o
+        CASE o.option WHEN 'conv_algo' THEN c.config_conv_algo WHEN 'layout' THEN c.config_layout
+                      WHEN 'precision' THEN c.config_precision ELSE c.config_onednn END AS config
+    FROM cell_cache AS c CROSS JOIN opts AS o
 ),
 pairs AS (
     SELECT x.*,

@@ -7,9 +7,8 @@
 -- throughput against the reference (macro compare_samples).  fastest marks the highest
 -- median throughput of the configuration.
 WITH s AS (
-    SELECT *, config_id(params, ['threads'], env_id) AS config,
-           TRY_CAST(threads AS INTEGER) AS threads_n
-    FROM cell_stats
+    SELECT *, config_threads AS config, TRY_CAST(threads AS INTEGER) AS threads_n
+    FROM cell_cache
 ),
 grp AS (
     SELECT config FROM s GROUP BY config HAVING count(DISTINCT threads) >= 2
@@ -26,7 +25,7 @@ pairs AS (
     FROM s
     JOIN grp USING (config)
     LEFT JOIN ref USING (config)
-    LEFT JOIN cell_stats AS r ON r.cell_id = ref.ref_cell_id
+    LEFT JOIN s AS r ON r.cell_id = ref.ref_cell_id
 )
 SELECT
     config, framework, variant, model, dataset, device, mode, onednn, batch_size, epochs,

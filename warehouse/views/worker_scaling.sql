@@ -13,8 +13,7 @@
 -- gradient exchange per step (cell_stats).  p_value, test, significant, verdict: two-sided
 -- Mann-Whitney on the runs' throughput (compare_samples).
 WITH s AS (
-    SELECT *, config_id(params, ['gpus', 'workers', 'nodes', 'batch_size'], env_id) AS config
-    FROM cell_stats
+    SELECT *, config_workers AS config FROM cell_cache
 ),
 grp AS (
     SELECT config FROM s GROUP BY config HAVING count(DISTINCT workers) >= 2
@@ -22,12 +21,23 @@ grp AS (
 one AS (
     SELECT config, cell_id, global_batch FROM s WHERE workers = 1 AND runs > 0
 ),
+-- the 1-worker cells of each cell's configuration with the same per-worker batch (weak) and
+-- with the same global batch (strong); joined on config first, so that the join is hashed
+weak AS (
+    SELECT s.cell_id, o.cell_id AS weak_ref
+    FROM s JOIN one AS o ON o.config = s.config
+    WHERE o.global_batch * s.workers = s.global_batch
+),
+strong AS (
+    SELECT s.cell_id, o.cell_id AS strong_ref
+    FROM s JOIN one AS o ON o.config = s.config AND o.global_batch = s.global_batch
+),
 matched AS (
-    SELECT s.*, weak.cell_id AS weak_ref, strong.cell_id AS strong_ref
+    SELECT s.*, weak.weak_ref, strong.strong_ref
     FROM s
     JOIN grp USING (config)
-    LEFT JOIN one AS weak ON weak.config = s.config AND weak.global_batch * s.workers = s.global_batch
-    LEFT JOIN one AS strong ON strong.config = s.config AND strong.global_batch = s.global_batch
+    LEFT JOIN weak USING (cell_id)
+    LEFT JOIN strong USING (cell_id)
 ),
 chosen AS (
     SELECT * EXCLUDE (scaling, weak_ref, strong_ref),
@@ -45,10 +55,10 @@ pairs AS (
         r.accuracy_median AS ref_accuracy_median,
         CASE WHEN m.cell_id <> r.cell_id THEN compare_samples(m.throughput_values, r.throughput_values) END AS tcmp
     FROM chosen AS m
-    LEFT JOIN cell_stats AS r ON r.cell_id = m.ref_cell_id
+    LEFT JOIN s AS r ON r.cell_id = m.ref_cell_id
 )
 SELECT
-    config, framework, variant, model, dataset, device, mode, epochs, params ->> 'kvstore' AS kvstore,
+    config, framework, variant, model, dataset, device, mode, epochs, kvstore,
     cell_id, gpus, nodes, workers, batch_size, global_batch,
     global_batch::DOUBLE / workers AS per_worker_batch,
     runs, failed_runs, oom_runs,
