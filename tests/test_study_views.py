@@ -759,7 +759,7 @@ def test_views_are_left_alone_when_current_and_rebuilt_when_not(tmp_path: Path) 
 def test_every_macro_statement_is_recognised() -> None:
     macros = macro_sql()
     assert len({name for name, _, _ in macros}) == len(macros) >= 15
-    con = duckdb.connect()  # what the macros read (caches_current: the runs and cache_state)
+    con = duckdb.connect()  # what the macros read (caches_match: the runs and cache_state)
     con.execute("CREATE MACRO matrun_views_digest() AS 'd'")
     con.execute("CREATE TABLE runs (ingested_at TIMESTAMP)")
     con.execute("CREATE TABLE cache_state (digest VARCHAR, runs BIGINT, last_ingested_at TIMESTAMP)")

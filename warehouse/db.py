@@ -1042,7 +1042,7 @@ def create_views(con: duckdb.DuckDBPyConnection, path: Path) -> None:
                                      f"{_first_line(exc)}") from None
         for name in order:
             cache = materialise.CACHED_BY_VIEW.get(name)
-            source = name[:-len("_live")] if name.endswith("_live") and name not in view_sql() else name
+            source = name.removesuffix("_live") if materialise.is_live_view(name) else name
             try:
                 if cache is not None:  # its table, with the live view's columns, filled below
                     con.execute(f'CREATE OR REPLACE TABLE "{cache.table}" AS SELECT * FROM "{cache.live}" LIMIT 0')

@@ -25,6 +25,7 @@ nothing of matrun, so that any writer may call it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import resources
@@ -46,6 +47,8 @@ class Cached:
     #: (text of views/<view>.sql, what replaces it given the keys): the keys' rows computed
     #: from only what they read, where DuckDB would not push the keys down itself
     narrow: tuple[str, str] | None = None
+    #: whether every row comes from cells (so the cache is empty while cell_cache is)
+    from_cells: bool = True
 
     @property
     def table(self) -> str:
@@ -94,7 +97,8 @@ CACHED: tuple[Cached, ...] = (
            "SELECT DISTINCT study FROM study_cells WHERE cell_id IN (SELECT cell_id FROM _matrun_changed)",
            "study, position, config NULLS LAST, cell_id",
            narrow=("SELECT * FROM study_cells  -- materialise.py reads only the studies it computes again",
-                   "SELECT * FROM study_cells WHERE study IN ({keys})")),
+                   "SELECT * FROM study_cells WHERE study IN ({keys})"),
+           from_cells=False),  # a registered study has findings before it has runs
 )
 CACHED_BY_VIEW = {cache.view: cache for cache in CACHED}
 
@@ -116,16 +120,6 @@ _ALL_RUNS = "SELECT * FROM runs  -- materialise.py reads only the runs of the ce
 _STALE_RUNS = "SELECT * FROM runs WHERE cell_id IN (SELECT cell_id FROM _matrun_stale)"
 
 _DIGEST = "matrun_views_digest()"  # the macro db.create_views writes: these views' digest
-
-# Whether the caches were filled from the runs the warehouse holds, by these views (the same
-# test as macro caches_current(), which fails instead of answering false).
-_CURRENT = f"""
-    SELECT n.runs = 0 OR coalesce((
-        SELECT bool_and(s.digest = {_DIGEST} AND s.runs = n.runs
-                        AND s.last_ingested_at IS NOT DISTINCT FROM n.last_ingested_at)
-        FROM cache_state AS s), false)
-    FROM (SELECT count(*) AS runs, max(ingested_at) AS last_ingested_at FROM runs) AS n
-"""
 
 # What a cell's statistics are computed from, per cell: its runs' columns the statistics
 # read (their JSON records never change after an ingest; bundle_digest stands for them) and
@@ -156,7 +150,7 @@ _TEMP_TABLES = ("_matrun_fingerprints", "_matrun_stale", "_matrun_changed")
 
 def current(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the cell cache holds what the warehouse's runs give with these views."""
-    return bool(con.execute(_CURRENT).fetchone()[0])
+    return bool(con.execute("SELECT caches_match()").fetchone()[0])
 
 
 def ensure_current(con: duckdb.DuckDBPyConnection) -> bool:
@@ -184,8 +178,8 @@ def refresh(con: duckdb.DuckDBPyConnection, *, everything: bool = False) -> None
     with ``everything``)."""
     digest = con.execute(f"SELECT {_DIGEST}").fetchone()[0]
     everything = everything or con.execute("SELECT digest FROM cache_state").fetchall() != [(digest,)]
-    # No cell yet: the caches of what cells make are empty too (a registered study's findings
-    # may not be), so their rows need no deleting (a DuckLake DELETE costs ~10 ms even so)
+    # No cell yet: the caches made from cells are empty too, so their rows need no deleting
+    # (a DuckLake DELETE costs ~10 ms even so)
     empty = not con.execute("SELECT count(*) FROM cell_cache").fetchone()[0]
     if everything and not empty:  # other views or macros, or never filled
         con.execute("DELETE FROM cell_cache")
@@ -194,7 +188,7 @@ def refresh(con: duckdb.DuckDBPyConnection, *, everything: bool = False) -> None
         _write_state(con, digest)
         for cache in CACHED:  # in dependency order: a view may read one before it
             _refresh_view(con, cache, everything=everything or changed > MANY_CELLS,
-                          empty=empty and cache.view != "findings")
+                          empty=empty and cache.from_cells)
     finally:
         for table in _TEMP_TABLES:
             _drop_temp(con, table)
@@ -220,17 +214,19 @@ def _refresh_cells(con: duckdb.DuckDBPyConnection) -> int:
     return con.execute("SELECT count(DISTINCT cell_id) FROM _matrun_changed").fetchone()[0]
 
 
+@functools.lru_cache(maxsize=None)
 def _view_file(view: str) -> str:
     sql = resources.files("matrun.warehouse").joinpath("views", f"{view}.sql").read_text(encoding="utf-8")
     return sql.strip().rstrip(";")
 
 
+@functools.lru_cache(maxsize=1)
 def stale_cells_sql() -> str:
     """View cell_facts_live's SELECT, reading only the runs of the cells in ``_matrun_stale``."""
-    sql = resources.files("matrun.warehouse").joinpath("views", "cell_facts_live.sql").read_text(encoding="utf-8")
+    sql = _view_file("cell_facts_live")
     if sql.count(_ALL_RUNS) != 1:
         raise RuntimeError(f"views/cell_facts_live.sql must read the runs once, as {_ALL_RUNS!r}")
-    return sql.replace(_ALL_RUNS, _STALE_RUNS).strip().rstrip(";")
+    return sql.replace(_ALL_RUNS, _STALE_RUNS)
 
 
 def _write_state(con: duckdb.DuckDBPyConnection, digest: str) -> None:

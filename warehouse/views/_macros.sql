@@ -248,19 +248,21 @@ CREATE OR REPLACE MACRO finding_values(metric, train_s, test_s, accuracy, throug
         WHEN 'device_memory_peak_mb' THEN device_memory_peak_mb
     END;
 
--- Do the caches of the study views match the warehouse?  true while they were filled from the
--- runs the warehouse holds (their count and latest ingested_at) by these views and macros
--- (matrun_views_digest); otherwise it fails and says what to run, so that a view read from a
--- cache (warehouse/materialise.py; docs/WAREHOUSE.md "Views at scale") never answers with the
--- numbers of other runs.  Runs added or removed by another client, or a warehouse no matrun
--- writer opened since it was upgraded, do that.
-CREATE OR REPLACE MACRO caches_current() AS (
-    SELECT CASE WHEN n.runs = 0 OR coalesce((
-                    SELECT bool_and(s.digest = matrun_views_digest() AND s.runs = n.runs
-                                    AND s.last_ingested_at IS NOT DISTINCT FROM n.last_ingested_at)
-                    FROM cache_state AS s), false)
-                THEN true
-                ELSE error('the cached statistics of this warehouse are out of date (its runs changed '
-                           || 'outside matrun, or no matrun writer opened it since it was upgraded): '
-                           || 'run `matrun ingest` on it to bring them up to date') END
+-- Do the caches of the study views match the warehouse?  caches_match(): whether they were
+-- filled from the runs the warehouse holds (their count and latest ingested_at) by these views
+-- and macros (matrun_views_digest).  caches_current(): true, or it fails and says what to run,
+-- so that a view read from a cache (warehouse/materialise.py; docs/WAREHOUSE.md "Views at
+-- scale") never answers with the numbers of other runs.  Runs added or removed by another
+-- client, or a warehouse no matrun writer opened since it was upgraded, do that.
+CREATE OR REPLACE MACRO caches_match() AS (
+    SELECT n.runs = 0 OR coalesce((
+               SELECT bool_and(s.digest = matrun_views_digest() AND s.runs = n.runs
+                               AND s.last_ingested_at IS NOT DISTINCT FROM n.last_ingested_at)
+               FROM cache_state AS s), false)
     FROM (SELECT count(*) AS runs, max(ingested_at) AS last_ingested_at FROM runs) AS n);
+
+CREATE OR REPLACE MACRO caches_current() AS
+    CASE WHEN caches_match() THEN true
+         ELSE error('the cached statistics of this warehouse are out of date (its runs changed '
+                    || 'outside matrun, or no matrun writer opened it since it was upgraded): '
+                    || 'run `matrun ingest` on it to bring them up to date') END;
