@@ -130,8 +130,9 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
         else:
             outcome = adapter.train(params, dataset, log)
         if params["layer_profile"]:
-            layers.profile(log, params, dataset.shape, dataset.classes,
-                           adapter.layer_ops(params, dataset, outcome.model))
+            ops = adapter.layer_ops(params, dataset, outcome.model)
+            layers.profile(log, params, dataset.shape, dataset.classes, ops)
+            outcome.notes.extend(ops.notes)
         extra, more_notes = _workers_summary(ctx, params, log, fields, outcome, out_dir)
         if params["mode"] != "inference":
             extra = {**_knobs_summary(params, outcome), **extra}

@@ -47,6 +47,9 @@ class LayerOps:
     ops: list[LayerOp]
     images: int  # samples in the profiled batch
     sync: Callable[[], None] = field(default=_no_sync)  # wait for the device (CUDA); no-op on the CPU
+    # how the layers were timed, when it differs from the training step's own program (e.g.
+    # JAX: each layer compiled alone, unfused): the run's summary carries these notes
+    notes: list[str] = field(default_factory=list)
 
 
 def median_seconds(fn: Callable[[], Any], sync: Callable[[], None], *, warmup: int, repeats: int) -> float:

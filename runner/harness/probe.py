@@ -431,13 +431,16 @@ def collect(framework: str, params: dict[str, Any], framework_probe: dict[str, A
 
     ``framework_probe`` holds ``framework_version``, ``build``, ``in_force`` (the framework's
     thread counts, switches and device) and ``mismatches``; the CPU affinity and the cpuset
-    check are added here.
+    check are added here.  An adapter whose thread switch narrows the process's own CPU
+    affinity (JAX: XLA sizes its pool from it) gives the affinity the cell started with as
+    ``cell_affinity``: the cpuset is checked against that one.
     """
     cpus = affinity()
     mismatches = list(framework_probe.get("mismatches", []))
     asked = params.get("cpuset") or ""
-    if asked and parse_cpuset(asked) != set(cpus):
-        mismatches.append(f"cpuset: asked {format_cpuset(parse_cpuset(asked))}, in force {format_cpuset(cpus)}")
+    given = framework_probe.get("cell_affinity") or cpus
+    if asked and parse_cpuset(asked) != set(given):
+        mismatches.append(f"cpuset: asked {format_cpuset(parse_cpuset(asked))}, in force {format_cpuset(given)}")
     return {
         "framework": framework,
         "framework_version": framework_probe.get("framework_version"),

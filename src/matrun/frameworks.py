@@ -33,11 +33,16 @@ from matrun.runner.harness.spec import PRESETS
 
 @dataclass(frozen=True)
 class Unsupported:
+    """A refused combination: every ``when`` parameter has its value and every ``when_not``
+    parameter has another value than the one given."""
+
     when: Mapping[str, Any]
     reason: str
+    when_not: Mapping[str, Any] = field(default_factory=dict)
 
     def matches(self, params: Mapping[str, Any]) -> bool:
-        return all(params.get(k) == v for k, v in self.when.items())
+        return (all(params.get(k) == v for k, v in self.when.items())
+                and all(params.get(k) != v for k, v in self.when_not.items()))
 
 
 PROMISE_KEYS = ("framework_version", "python", "cuda", "cudnn", "blas", "onednn", "openmp")
@@ -363,10 +368,13 @@ def _parse_unsupported(file: str, rules: Any) -> tuple[Unsupported, ...]:
     out = []
     for n, rule in enumerate(rules):
         where = f"{file} [[unsupported]] {n + 1}"
-        _keys(where, rule, ("when", "reason"))
-        if not isinstance(rule.get("when"), dict) or "reason" not in rule:
-            raise InputError(f"{where}: needs when = {{ parameter = value, … }} and reason = \"…\"")
-        out.append(Unsupported(dict(rule["when"]), _text(where, "reason", rule["reason"])))
+        _keys(where, rule, ("when", "when_not", "reason"))
+        when, when_not = rule.get("when", {}), rule.get("when_not", {})
+        if (not isinstance(when, dict) or not isinstance(when_not, dict) or not (when or when_not)
+                or "reason" not in rule):
+            raise InputError(f"{where}: needs when = {{ parameter = value, … }} (and/or when_not = {{ … }}) "
+                             "and reason = \"…\"")
+        out.append(Unsupported(dict(when), _text(where, "reason", rule["reason"]), dict(when_not)))
     return tuple(out)
 
 
