@@ -129,8 +129,8 @@ def built_image(client, framework: str, variant: str):
 
 @pytest.fixture(scope="session")
 def cpu_images(docker_client):
-    """The three frameworks' CPU images (built when missing)."""
-    return {fw: built_image(docker_client, fw, "cpu") for fw in ("torch", "tensorflow", "mxnet")}
+    """The four frameworks' CPU images (built when missing)."""
+    return {fw: built_image(docker_client, fw, "cpu") for fw in ("torch", "tensorflow", "mxnet", "jax")}
 
 
 # --- a real one-node Slurm cluster -------------------------------------------------------------

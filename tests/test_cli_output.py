@@ -264,7 +264,7 @@ def test_an_error_while_rows_stream_is_an_error_line(nonfinite: Path) -> None:
 
 @pytest.fixture()
 def frameworks(tmp_path: Path) -> Path:
-    shutil.copy(ROOT / "matrix.toml", tmp_path / "matrix.toml")  # torch, tensorflow, mxnet: kvstore varies
+    shutil.copy(ROOT / "matrix.toml", tmp_path / "matrix.toml")  # torch, tensorflow, mxnet, jax: kvstore varies
     return tmp_path
 
 
@@ -272,9 +272,12 @@ def test_plan_and_status_leave_unused_parameters_out(frameworks: Path) -> None:
     cells = load_matrix(frameworks / "matrix.toml").cells
     assert "kvstore" in cells[0].varying
     labels = {c.values["framework"]: c.label for c in cells if c.values["threads"] == 1}
-    assert labels == {"torch": "framework=torch batch_size=64 lr=0.01 threads=1 layout=nchw",
-                      "tensorflow": "framework=tensorflow batch_size=128 lr=0.05 threads=1 layout=nhwc",
-                      "mxnet": "framework=mxnet kvstore=device batch_size=64 lr=0.05 threads=1 layout=nchw"}
+    common = "optimizer=sgd lr={lr} momentum=0.9 threads=1 layout={layout} preset=none"
+    assert labels == {
+        "torch": "framework=torch batch_size=64 " + common.format(lr=0.01, layout="nchw"),
+        "tensorflow": "framework=tensorflow batch_size=128 " + common.format(lr=0.05, layout="nhwc"),
+        "mxnet": "framework=mxnet kvstore=device batch_size=64 " + common.format(lr=0.05, layout="nchw"),
+        "jax": "framework=jax batch_size=64 " + common.format(lr=0.05, layout="nhwc")}
     plan = matrun("plan", cwd=frameworks)
     assert plan.returncode == 0, plan.stderr
     assert "None" not in plan.stdout

@@ -55,15 +55,15 @@ def containers_of(client, sweep: str) -> list:
 
 @pytest.mark.slow
 def test_each_framework_runs_in_its_image_and_lands_in_duckdb_with_the_image(tmp_path, docker_client, cpu_images):
-    name = write_matrix(tmp_path, '[axes]\nframework = ["torch", "tensorflow", "mxnet"]\n')
+    name = write_matrix(tmp_path, '[axes]\nframework = ["torch", "tensorflow", "mxnet", "jax"]\n')
     proc = matrun("sweep", cwd=tmp_path)
     assert "executor: docker" in proc.stderr
-    assert "3 runs (3 ok)" in proc.stdout
+    assert "4 runs (4 ok)" in proc.stdout
     rows = sql(tmp_path / "matrun.duckdb",
                "SELECT params ->> 'framework', status, executor, env_id, image_tag, image_id, image_digest, "
                "accuracy IS NOT NULL, throughput > 0, monitor_samples > 0, probe -> 'in_force' ->> 'affinity' "
                "FROM runs ORDER BY 1")
-    assert len(rows) == 3
+    assert len(rows) == 4
     for fw, status, executor, env_id, tag, image_id, digest, acc, fast, sampled, affinity in rows:
         built = cpu_images[fw]
         assert (status, executor, acc, fast, sampled) == ("ok", "docker", True, True, True), fw
@@ -73,7 +73,7 @@ def test_each_framework_runs_in_its_image_and_lands_in_duckdb_with_the_image(tmp
         assert json.loads(affinity) == [0]
     # The bundle keeps what the engine said about the container.
     bundles = list((tmp_path / "results" / name).glob("*/*/container.json"))
-    assert len(bundles) == 3
+    assert len(bundles) == 4
     for path in bundles:
         record = json.loads(path.read_text())
         assert record["oom_killed"] is False and record["exit_code"] == 0 and record["cpuset_cpus"] == "0"
@@ -82,7 +82,7 @@ def test_each_framework_runs_in_its_image_and_lands_in_duckdb_with_the_image(tmp
     assert prov == sorted((fw, cpu_images[fw].tag) for fw in cpu_images)
     assert containers_of(docker_client, name) == []
     again = matrun("sweep", cwd=tmp_path)
-    assert "0 runs (nothing to run); 3 already done" in again.stdout
+    assert "0 runs (nothing to run); 4 already done" in again.stdout
 
 
 @pytest.mark.slow

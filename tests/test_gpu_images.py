@@ -210,8 +210,8 @@ def test_every_requirement_is_an_exact_pin(name: str, requirements: Traversable)
 
 # --- GPU variants ----------------------------------------------------------------------------
 
-def test_there_are_gpu_variants_for_the_three_frameworks() -> None:
-    assert {fw for fw, _ in gpu_variants()} == {"torch", "tensorflow", "mxnet"}
+def test_there_are_gpu_variants_for_the_four_frameworks() -> None:
+    assert {fw for fw, _ in gpu_variants()} == {"torch", "tensorflow", "mxnet", "jax"}
 
 
 @pytest.mark.parametrize(("framework", "variant"), gpu_variants())

@@ -39,8 +39,11 @@ from test_workers import CPUSET, run_local, summary_of
 KNOBS = {"first_layer_backward": ("skip", ("skip", "full")), "validation": (0, ()),
          "early_stopping": (0, ()), "input_pipeline": ("preloaded", ("preloaded", "loader")),
          "loader_workers": (0, ())}
-FRAMEWORKS = ["torch", "tensorflow", "mxnet"]
-LAYOUT = {"torch": "nchw", "tensorflow": "nhwc", "mxnet": "nchw"}
+FRAMEWORKS = ["torch", "tensorflow", "mxnet", "jax"]
+# oneDNN's verbose counts show the first layer's backward-data pass where the convolutions are
+# oneDNN's; XLA's are Eigen's: tests/test_jax.py counts the convolutions of the compiled step.
+ONEDNN_CONVOLUTIONS = ["torch", "tensorflow", "mxnet"]
+LAYOUT = {"torch": "nchw", "tensorflow": "nhwc", "mxnet": "nchw", "jax": "nhwc"}
 TINY = {"dataset": "synthetic", "synthetic_train": 512, "synthetic_test": 128, "batch_size": 32,
         "warmup_steps": 2, "threads": 1, "onednn_check": False}
 
@@ -292,7 +295,7 @@ def framework_env() -> Any:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework", ONEDNN_CONVOLUTIONS)
 def test_first_layer_backward_full_computes_the_input_gradient(tmp_path: Path, stage: Path, framework_env: Any,
                                                                framework: str) -> None:
     """LeNet-5 has two convolutions: 3 training steps run conv2's backward-data pass (the
@@ -337,8 +340,9 @@ def test_early_stopping_stops_when_validation_accuracy_stalls(tmp_path: Path, fr
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_the_loader_feeds_the_steps(tmp_path: Path, framework_env: Any, framework: str) -> None:
     """loader_workers = 2: the framework's loader made every batch (torch and MXNet: in two
-    worker processes; TensorFlow: a tf.data pipeline with a parallel map and a prefetch), and
-    torch and MXNet, fed the same permutation, train exactly as from preloaded tensors."""
+    worker processes; TensorFlow: a tf.data pipeline with a parallel map and a prefetch; JAX,
+    which has no loader: two threads of a pool), and torch, MXNet and JAX, fed the same
+    permutation, train exactly as from preloaded tensors."""
     framework_env(framework)
     common = dict(framework=framework, layout=LAYOUT[framework], **TINY, epochs=2)
     runs = {}

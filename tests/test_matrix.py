@@ -244,9 +244,15 @@ def test_missing_and_unreadable_file(tmp_path):
 def test_repository_matrix_is_valid():
     repo_matrix = Path(__file__).resolve().parents[1] / "matrix.toml"
     m = load_matrix(repo_matrix)
-    assert len(m.cells) == 6 and m.sweep.repeats == 4
+    assert len(m.cells) == 12 and m.sweep.repeats == 4
     assert m.study is not None and m.study.id == "demo" and [f.id for f in m.study.findings] == ["threads-speed-up"]
-    assert {c.values["framework"] for c in m.cells} == {"torch", "tensorflow", "mxnet"}
+    assert {c.values["framework"] for c in m.cells} == {"torch", "tensorflow", "mxnet", "jax"}
+    # each framework once at its own defaults, for `matrun advise` (the default_cells view's rule)
+    defaults = {c.values["framework"]: c.values for c in m.cells if c.values["threads"] == "unset"}
+    assert sorted(defaults) == ["jax", "mxnet", "tensorflow", "torch"]
+    assert all(v["preset"] == "framework-default" for v in defaults.values())
+    assert {fw: v["layout"] for fw, v in defaults.items()} == {
+        "torch": "nchw", "tensorflow": "nhwc", "mxnet": "nchw", "jax": "nhwc"}
 
 
 # -- knobs, presets and what a framework cannot do -------------------------------------------
