@@ -331,4 +331,5 @@ def test_a_worker_plan_hands_jax_its_coordinator():
         "rank": 1, "local_rank": 1, "world": 2, "local_world": 2, "node_rank": 0, "addr": "127.0.0.1",
         "iface": "lo", "rendezvous_addr": "127.0.0.1", "rendezvous_port": 29500, "port": 29500, "servers": 0,
         "worker_addresses": ["127.0.0.1:29500"]})
-    assert env == {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:29500", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}
+    assert env == {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:29500", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1",
+                   "GLOO_SOCKET_IFNAME": "lo"}

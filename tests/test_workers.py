@@ -446,8 +446,9 @@ def test_torch_workers_in_one_docker_container(tmp_path, docker_client, workers)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework, extra", [("tensorflow", {}), ("mxnet", {"kvstore": "dist_sync"})])
-def test_two_worker_cells_of_tf_and_mxnet_in_docker(tmp_path, docker_client, framework, extra):
+@pytest.mark.parametrize("framework, extra", [("tensorflow", {}), ("mxnet", {"kvstore": "dist_sync"}),
+                                              ("jax", {"layout": "nhwc"})])
+def test_two_worker_cells_of_tf_mxnet_and_jax_in_docker(tmp_path, docker_client, framework, extra):
     built_image(docker_client, framework, "cpu")
     outcome, run_dir, _ = run_docker(DockerExecutor(docker_client), tmp_path,
                                      params(framework=framework, workers=2, **extra, **CPUSET))

@@ -157,10 +157,36 @@ def configure(params: dict[str, Any]) -> None:
         if not address:
             raise HarnessError("a multi-worker jax cell needs JAX_COORDINATOR_ADDRESS (the launcher sets it)")
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        _gloo_on_interface(os.environ.get("GLOO_SOCKET_IFNAME"))
         # the coordinator's gRPC service listens on the rendezvous address only, never on every interface
         jax.distributed.initialize(coordinator_address=address, num_processes=ctx.world, process_id=ctx.rank,
                                    initialization_timeout=600, coordinator_bind_address=address)
         _STATE["coordinator"] = address
+
+
+def _gloo_on_interface(interface: str | None) -> None:
+    """Make the CPU backend's gloo collectives bind to ``interface`` (the worker plan's, ``lo`` on
+    one host).  JAX's own CPU client creates them without one, and gloo then resolves the host
+    name, which fails where the host name has no address (a container with ``--network none``:
+    ``gloo/transport/tcp/device.cc:99 rv == 0. -3 vs 0``).  JAX has no public switch for it: the
+    CPU backend's factory is registered again, before the backend starts, with the collectives
+    made on that interface (``jax._src.xla_bridge``; jaxlib 0.10.2)."""
+    if not interface:
+        return
+    try:
+        from jax._src import distributed as jax_distributed
+        from jax._src import xla_bridge
+        from jax._src.lib import _jax
+    except ImportError as exc:  # a JAX whose internals moved: fail clearly, not in gloo
+        raise HarnessError(f"cannot bind JAX's gloo collectives to {interface}: {exc}") from exc
+
+    def factory() -> Any:
+        collectives = _jax.make_gloo_tcp_collectives(distributed_client=jax_distributed.global_state.client,
+                                                     interface=interface)
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory("cpu", factory, priority=0, fail_quietly=False)
+    _STATE["gloo_interface"] = interface
 
 
 def probe(params: dict[str, Any]) -> dict[str, Any]:
@@ -202,7 +228,7 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
     if ctx.distributed:
         in_force.update(rank=ctx.rank, world_size=ctx.world,
                         cpu_collectives=str(_config("jax_cpu_collectives_implementation")),
-                        coordinator=_STATE.get("coordinator"))
+                        coordinator=_STATE.get("coordinator"), gloo_interface=_STATE.get("gloo_interface"))
     mismatches = []
     if isinstance(params["threads"], int) and used == "cpu" and pool != params["threads"]:
         mismatches.append(f"threads: asked {params['threads']}, in force {pool}")
