@@ -4,7 +4,10 @@ tests/golden/cell_ids.json was computed before the code was reshaped (issue 10) 
 each matrix file, every cell's id under the docker executor (identity parameters + recipe
 hash) and under the local executor (identity parameters + pins, Python version and harness
 protocol).  A change that moves any of them re-runs every user's finished work: it needs a
-migration and a reason, never a silent edit of the golden file.
+migration and a reason, never a silent edit of the golden file.  When the repository's own
+matrix changes (new cells, not a new way to compute ids), its previous version moves to
+tests/golden/ with its pins (tests/golden/matrix-before-jax.toml: the three-framework demo),
+and the new cells get pins of their own.
 """
 
 from __future__ import annotations
