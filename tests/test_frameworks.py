@@ -194,7 +194,8 @@ def test_the_shipped_frameworks_data_is_consistent():
             for key, value in values.items():
                 assert PARAMS[key].check(value) == value, (fw.name, family, key)
     assert display_name("torch") == "PyTorch" and display_name("nope") == "nope"
-    assert set(host_env_prefixes()) == {"GLOO_", "NCCL_", "TF_", "MXNET_", "DMLC_", "JAX_", "XLA_", "TF_CPP_"}
+    assert set(host_env_prefixes()) == {"GLOO_", "NCCL_", "TF_", "MXNET_", "DMLC_", "JAX_", "XLA_", "TF_CPP_",
+                                          "THEANO", "CHAINER_"}
 
 
 def test_presets_come_from_the_framework_data():

@@ -198,7 +198,7 @@ def test_study_a_gives_the_tables_defaults(framework: str, dataset: str, expecte
 
 def test_study_a_refuses_a_framework_study_a_did_not_measure() -> None:
     assert ('preset "study-a" (the defaults study A\'s Tables II and III list) has no settings for mxnet; '
-            "frameworks that have them: tensorflow, torch") in refused({"framework": "mxnet", "preset": "study-a"})
+            "frameworks that have them: tensorflow, theano, torch") in refused({"framework": "mxnet", "preset": "study-a"})
     assert 'preset "study-a" has no torch settings for dataset \'synthetic\' (it has: mnist, fashion-mnist, cifar10)' \
         in refused({"framework": "torch", "preset": "study-a", "dataset": "synthetic"})
 

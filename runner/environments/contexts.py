@@ -10,7 +10,8 @@ assembled here:
     ca-bundle.crt    the CA bundle pip trusts inside the build (empty: pip's own)
 
 Two hashes name an image.  The *recipe hash* covers what the repository says (Dockerfile,
-requirements, build arguments): it is known without an engine and is the docker executor's
+requirements, build arguments, among them ``PIP_BUILD_CONSTRAINTS`` from a variant's
+``build_constraints``): it is known without an engine and is the docker executor's
 ``env_id``, hence part of cell ids.  The *content hash* covers the context's files (not the
 CA bundle: how pip reaches the index does not change what is installed), the base image's
 name and ID, the recipe hash and ``CONTEXT_PROTOCOL``; the tag is
@@ -111,6 +112,17 @@ def variant_of(framework: str, variant: str, images_dir: Path | None = None) -> 
     return Variant(variant, f"Dockerfile.{variant}", f"requirements-{variant}.txt")
 
 
+def build_args_of(var: Variant) -> dict[str, str]:
+    """The build arguments an image of ``var`` is built with: its ``build_args``, and
+    ``PIP_BUILD_CONSTRAINTS`` (its ``build_constraints``, space-separated) when it has any; the
+    Dockerfile declares ``ARG PIP_BUILD_CONSTRAINTS``, writes them to a file and points
+    ``PIP_CONSTRAINT`` at it for its pip install."""
+    args = dict(var.build_args)
+    if var.build_constraints:
+        args["PIP_BUILD_CONSTRAINTS"] = " ".join(var.build_constraints)
+    return args
+
+
 def image_sources(framework: str, variant: str, images_dir: Path | None = None) -> tuple[Path, Path | None]:
     """The Dockerfile and the pip requirements (None: an image-only variant) of a framework
     variant, as ``[variants.<variant>]`` of its framework.toml names them."""
@@ -135,8 +147,10 @@ def recipe_hash(framework: str, variant: str, images_dir: Path | None = None) ->
     digest = hashlib.sha256(f"matrun-recipe {CONTEXT_PROTOCOL}\n{framework}\n{variant}\n".encode())
     for path in filter(None, (dockerfile, requirements)):
         digest.update(f"{path.name}\0{_file_digest(path)}\n".encode())
-    for name, value in sorted(var.build_args.items()):
+    for name, value in sorted(build_args_of(var).items()):
         digest.update(f"arg {name}={value}\n".encode())
+    for name, value in sorted(var.env.items()):  # the variant's cell variables (none: no other hash moves)
+        digest.update(f"env {name}={value}\n".encode())
     return digest.hexdigest()
 
 
@@ -223,4 +237,4 @@ def prepare_context(framework: str, variant: str, *, dest: Path, base_image: str
     for path in sorted(p for p in dest.rglob("*") if p.is_file() and p.name != CA_BUNDLE):
         digest.update(f"{path.relative_to(dest).as_posix()}\0{_file_digest(path)}\n".encode())
     return BuildContext(framework, variant, dest, dockerfile.name, digest.hexdigest(), pins,
-                        tuple(w.name for w in wheels), base_image, recipe, dict(var.build_args))
+                        tuple(w.name for w in wheels), base_image, recipe, build_args_of(var))

@@ -1,10 +1,11 @@
 """The image probe: run the harness probe inside a built image and check what it finds.
 
-The probe runs in a container with no network, no capabilities, a read-only root and the
-staged harness mounted read-only at ``HARNESS_MOUNT`` (one GPU for a GPU variant: its framework
-may need the driver to import).  It reports the framework, Python, CUDA / cuDNN, BLAS, oneDNN
-and OpenMP it finds (``summarise_probe``), which are checked against what the variant promises
-in framework.toml (``variant_promises``, ``broken_promises``).
+The probe runs in a container with no network, no capabilities, a read-only root (a private
+/tmp, where what is written may be executed) and the staged harness mounted read-only at
+``HARNESS_MOUNT`` (one GPU for a GPU variant: its framework may need the driver to import).
+It reports the framework, Python, CUDA / cuDNN, BLAS, oneDNN and OpenMP it finds
+(``summarise_probe``), which are checked against what the variant promises in framework.toml
+(``variant_promises``, ``broken_promises``).
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ def probe_image(client: "docker.DockerClient", tag: str, framework: str, variant
     container = client.containers.run(
         tag, ["python3", "-c", _PROBE_SCRIPT, json.dumps(params)], detach=True,
         environment=env, network_mode="none", user="1000:1000", cap_drop=["ALL"],
-        security_opt=["no-new-privileges"], read_only=True, tmpfs={"/tmp": ""},
+        # /tmp allows executing what is written there (the engine's default is noexec): a
+        # framework that compiles its kernels when it starts (Theano) loads them from there
+        security_opt=["no-new-privileges"], read_only=True, tmpfs={"/tmp": "exec"},
         volumes={str(harness_dir or stage_harness()): {"bind": HARNESS_MOUNT, "mode": "ro"}},
         labels={f"{LABEL}.role": "probe"}, **_gpu_request(gpu))
     try:

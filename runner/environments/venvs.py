@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,9 @@ class EnvSpec:
     framework: str
     variant: str
     requirements: str
+    # pins for the isolated build environments of sdists (framework.toml build_constraints)
+    build_constraints: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # the variant's cell variables (framework.toml env)
 
     @property
     def python_version(self) -> str:
@@ -42,9 +46,12 @@ class EnvSpec:
 
     @property
     def env_id(self) -> str:
-        digest = hashlib.sha256(
-            f"{self.framework}\n{self.variant}\n{self.python_version}\n{HARNESS_PROTOCOL}\n{self.requirements}".encode()
-        ).hexdigest()
+        text = f"{self.framework}\n{self.variant}\n{self.python_version}\n{HARNESS_PROTOCOL}\n{self.requirements}"
+        if self.build_constraints:  # hashed only when given, so that no other environment's id moves
+            text += "\nbuild_constraints " + " ".join(self.build_constraints)
+        if self.env:  # the same: hashed only when the variant sets variables
+            text += "".join(f"\nenv {name}={value}" for name, value in self.env)
+        digest = hashlib.sha256(text.encode()).hexdigest()
         return f"{self.framework}-{self.variant}-{digest[:12]}"
 
 
@@ -70,7 +77,8 @@ def env_spec(framework: str, variant: str) -> EnvSpec:
     if not req.is_file():
         raise InputError(f"no environment {framework}:{variant}: images/{framework}/{var.requirements} "
                          f"does not exist")
-    return EnvSpec(framework, variant, req.read_text(encoding="utf-8"))
+    return EnvSpec(framework, variant, req.read_text(encoding="utf-8"), var.build_constraints,
+                   tuple(sorted(var.env.items())))
 
 
 def ensure_env(framework: str, variant: str, *, log=None) -> Env:
@@ -95,8 +103,13 @@ def _build(env: Env, *, log) -> None:
     _run([sys.executable, "-m", "venv", str(env.path)], "create the virtual environment", env)
     req = env.path / "requirements.txt"
     req.write_text(env.spec.requirements, encoding="utf-8")
+    pip_env = None
+    if env.spec.build_constraints:  # pip hands PIP_CONSTRAINT on to the builds of sdists
+        constraints = env.path / "build-constraints.txt"
+        constraints.write_text("".join(f"{c}\n" for c in env.spec.build_constraints), encoding="utf-8")
+        pip_env = {**os.environ, "PIP_CONSTRAINT": str(constraints)}
     _run([str(env.python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-          "-q", "-r", str(req)], "install the pinned requirements", env)
+          "-q", "-r", str(req)], "install the pinned requirements", env, pip_env)
     check = get_framework(env.spec.framework).import_check
     version = _run([str(env.python), "-c", check], "import the framework", env).strip()
     marker = {"env_id": env.spec.env_id, "framework": env.spec.framework, "variant": env.spec.variant,
@@ -104,8 +117,8 @@ def _build(env: Env, *, log) -> None:
     (env.path / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 
-def _run(cmd: list[str], what: str, env: Env) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd: list[str], what: str, env: Env, environ: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=environ)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
         raise EnvironmentBuildError(f"environment {env.spec.env_id}: could not {what} "

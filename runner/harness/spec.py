@@ -291,7 +291,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
 TRAINING_KNOBS = ("first_layer_backward", "validation", "early_stopping", "input_pipeline", "loader_workers")
 
 
-def unused_keys(params: Mapping[str, Any], *, parameter_servers: bool | None = None) -> set[str]:
+def unused_keys(params: Mapping[str, Any], *, parameter_servers: bool | None = None,
+                onednn: bool | None = None) -> set[str]:
     """The keys a cell does not use, given its other values (docs/BUNDLE.md): the host sets
     them to null, so that they leave the cell's identity, and the harness accepts null there.
 
@@ -301,7 +302,8 @@ def unused_keys(params: Mapping[str, Any], *, parameter_servers: bool | None = N
     training knobs keep their defaults where they do not apply: ``knob_problem``.)
     ``parameter_servers``: whether the cell's framework has them (framework.toml ``[workers]``,
     which the host reads); None in the cell, which cannot read it: there a null ``kvstore`` is
-    the host's word that the framework has none.
+    the host's word that the framework has none.  ``onednn`` likewise: whether the framework
+    has oneDNN at all (framework.toml ``onednn``); ``onednn`` is unused where it has none.
     """
     unused: set[str] = set()
     iterations = params.get("iterations")
@@ -317,6 +319,8 @@ def unused_keys(params: Mapping[str, Any], *, parameter_servers: bool | None = N
         unused.add("gpus")
     if not parameter_servers if parameter_servers is not None else params.get("kvstore") is None:
         unused.add("kvstore")
+    if not onednn if onednn is not None else params.get("onednn", True) is None:
+        unused.add("onednn")
     return unused
 
 

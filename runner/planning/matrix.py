@@ -359,7 +359,8 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
     """Null what a cell does not use (``unused_keys``, so identity ignores meaningless
     differences) and refuse what cannot run as asked."""
     out = dict(values)
-    unused = unused_keys(out, parameter_servers=out["framework"] in parameter_server_frameworks())
+    unused = unused_keys(out, parameter_servers=out["framework"] in parameter_server_frameworks(),
+                         onednn=get_framework(out["framework"]).onednn)
     if out["device"] == "cpu" and out["conv_algo"] == "autotune":
         raise ParamError("conv_algo = \"autotune\" needs device = \"gpu\" (it selects cuDNN convolution algorithms)")
     _canonical_workers(out, unused)  # reads kvstore as written: before the nulls

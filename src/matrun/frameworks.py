@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import string
 import tomllib
 from dataclasses import dataclass, field
@@ -67,6 +68,15 @@ class Variant:
     promises: Mapping[str, str] = field(default_factory=dict)
     promises_onednn_off: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
+    # Constraints pip applies to the isolated build environments of packages it builds from
+    # source (``PIP_CONSTRAINT``; venv and image, the image gets them as the build argument
+    # PIP_BUILD_CONSTRAINTS), e.g. ("setuptools<81",) for an sdist whose setup.py imports
+    # pkg_resources, which the newest setuptools no longer has.
+    build_constraints: tuple[str, ...] = ()
+    # Variables every cell of this variant starts with (``[variants.<v>] env``), set over
+    # ``[env] fixed`` and the host's: what tells the framework how this build runs (Theano:
+    # ``THEANO_FLAGS=blas.ldflags=…``, the BLAS it links its compiled ops against).
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 #: Port slots of ``[workers] ports``, each host's ports in the order listed: ``rendezvous``
@@ -180,6 +190,10 @@ class Framework:
     builtin_blas: str | None = None
     workers: Workers = field(default_factory=Workers)
     default: bool = False
+    # False: the framework has no oneDNN at all (Theano, Chainer): a cell's ``onednn`` does not
+    # apply and the host nulls it (``unused_keys``), as ``kvstore`` for a framework without
+    # parameter servers
+    onednn: bool = True
 
     def preset_for(self, preset: str, family: str) -> Mapping[str, Any] | None:
         """The parameters ``preset`` gives this framework for a dataset family, or None."""
@@ -194,14 +208,18 @@ class Framework:
                              f"{', '.join(self.variants) or 'none'} (images/{self.name}/framework.toml)") from None
 
     def environment(self, params: Mapping[str, Any]) -> dict[str, str]:
-        """Variables that carry these parameters into the cell (besides ``fixed_env``).  A
-        thread count is an integer; "unset" (anything else) sets nothing."""
+        """Variables that carry these parameters into the cell (besides ``fixed_env``), and the
+        cell's variant's own ``env``.  A thread count is an integer; "unset" (anything else)
+        sets nothing."""
         env: dict[str, str] = {}
         if _count(params["threads"]):
             env.update({v: str(params["threads"]) for v in self.thread_vars})
         if _count(params["interop_threads"]):
             env.update({v: str(params["interop_threads"]) for v in self.interop_vars})
         env.update({v: "1" if params["onednn"] else "0" for v in self.onednn_vars})
+        variant = self.variants.get(params.get("variant", ""))
+        if variant is not None:
+            env.update(variant.env)  # the variant's own variables (``[variants.<v>] env``) win
         return env
 
     def refusal(self, params: Mapping[str, Any]) -> str | None:
@@ -277,13 +295,18 @@ def display_name(name: str) -> str:
 #: has ``[presets-P.<family>]`` (docs/PRESETS.md).
 DEFAULT_PRESET = "framework-default"
 NAMED_PRESETS = tuple(p for p in PRESETS if p not in ("none", DEFAULT_PRESET))
-_TOP_KEYS = ("name", "display_name", "default", "import_check", "builtin_blas", "env", "unsupported", "defaults",
+_TOP_KEYS = ("name", "display_name", "default", "import_check", "builtin_blas", "onednn", "env", "unsupported",
+             "defaults",
              "presets", *(f"presets-{p}" for p in NAMED_PRESETS), "workers", "variants")
 _ENV_KEYS = ("threads", "interop_threads", "onednn", "fixed", "host_prefixes")
 _DEFAULT_KEYS = ("layout", "conv_algo")
 _WORKER_KEYS = ("ports", "parameter_servers", "server_code", "binds_every_interface", "env")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # a variable name (``[variants.<v>] env``)
+# A pip constraint of ``[variants.<v>] build_constraints``: a project and its version clauses.
+_VERSION_CLAUSE = r"(?:===|[<>=!~]=|[<>])[^\s,;<>=!~]+"
+_CONSTRAINT = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]*{_VERSION_CLAUSE}(?:,{_VERSION_CLAUSE})*\Z")
 _VARIANT_KEYS = ("dockerfile", "requirements", "build_args", "base_image", "device", "promises",
-                 "promises_onednn_off", "description")
+                 "promises_onednn_off", "description", "build_constraints", "env")
 
 
 def _load(text: str, where: str) -> dict[str, Any]:
@@ -352,6 +375,7 @@ def _parse(folder: str, doc: dict[str, Any]) -> Framework:
         defaults={k: _text(f"{file} [defaults]", k, v)
                   for k, v in _keys(f"{file} [defaults]", doc.get("defaults", {}), _DEFAULT_KEYS).items()},
         builtin_blas=None if builtin_blas is None else _text(file, "builtin_blas", builtin_blas),
+        onednn=_flag(file, "onednn", doc.get("onednn", True)),
         workers=_parse_workers(file, doc.get("workers", {})),
     )
 
@@ -484,6 +508,17 @@ def _parse_variant(folder: str, name: str, doc: dict[str, Any]) -> Variant:
     args = doc.get("build_args", {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in args.items()):
         raise InputError(f"{where}: build_args must map names to strings")
+    constraints = _texts(where, "build_constraints", doc.get("build_constraints", []))
+    bad = [c for c in constraints if not _CONSTRAINT.match(c)]
+    if bad:
+        raise InputError(f"{where}: build_constraints are pip constraints, each a project name and its versions "
+                         f"with no spaces (e.g. \"setuptools<81\"), got {bad!r}")
+    if constraints and "PIP_BUILD_CONSTRAINTS" in args:
+        raise InputError(f"{where}: build_args names PIP_BUILD_CONSTRAINTS, which build_constraints sets")
+    env = _text_map(where, "env", doc.get("env", {}))
+    bad_names = [k for k in env if not _ENV_NAME.match(k)]
+    if bad_names:
+        raise InputError(f"{where}: env names {', '.join(map(repr, bad_names))}, which are not variable names")
     return Variant(
         name=name,
         dockerfile=doc.get("dockerfile", f"Dockerfile.{name}"),
@@ -494,4 +529,6 @@ def _parse_variant(folder: str, name: str, doc: dict[str, Any]) -> Variant:
         promises={k: str(v) for k, v in doc.get("promises", {}).items()},
         promises_onednn_off={k: str(v) for k, v in doc.get("promises_onednn_off", {}).items()},
         description=doc.get("description", ""),
+        build_constraints=constraints,
+        env=env,
     )

@@ -2,7 +2,8 @@
 -- (STUDIES.md A1, Tables VI-VII: train s, test s, accuracy per framework x device x
 -- dataset.)  One row per (framework, model, dataset, device, mode) that has a cell with ok
 -- runs.  The default cell is chosen in three steps:
---   1. default execution settings: threads and interop_threads "unset", onednn true, the
+--   1. default execution settings: threads and interop_threads "unset", onednn true (null: a
+--      framework without oneDNN, framework.toml onednn = false), the
 --      framework's own layout and convolution-algorithm choice (macros
 --      framework_default_layout / framework_default_conv_algo), precision fp32, variant
 --      "cpu" on the CPU (any variant on the GPU), one worker, no cpuset, no memory limit, no
@@ -18,7 +19,7 @@
 -- is not part of the rule.
 WITH s AS (
     SELECT *,
-        threads = 'unset' AND interop_threads = 'unset' AND onednn
+        threads = 'unset' AND interop_threads = 'unset' AND coalesce(onednn, true)
         AND layout = framework_default_layout(framework)
         AND precision = 'fp32'
         AND conv_algo = framework_default_conv_algo(framework, device)

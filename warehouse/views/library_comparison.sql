@@ -4,7 +4,8 @@
 -- run with at least two (variant, onednn) combinations.  blas is what the run's probe found
 -- (else the image's record), onednn_primitives how many oneDNN primitives really executed.
 -- The reference is the framework's default library in the same configuration: variant
--- "cpu" (any on the GPU) with onednn true; if several cells qualify, the one with the most
+-- "cpu" (any on the GPU) with onednn true (or null: a framework without oneDNN); if several
+-- cells qualify, the one with the most
 -- ok runs.  speedup = ref train s / train s; throughput_ratio = throughput / ref throughput;
 -- accuracy_change in percentage points; p_value, test, significant, verdict: two-sided
 -- Mann-Whitney on the runs' throughput (macro compare_samples), accuracy_* the same on
@@ -18,7 +19,7 @@ grp AS (
 ref AS (
     SELECT config, first(cell_id ORDER BY runs DESC, cell_id) AS ref_cell_id
     FROM s
-    WHERE runs > 0 AND onednn AND (variant = 'cpu' OR device <> 'cpu')
+    WHERE runs > 0 AND coalesce(onednn, true) AND (variant = 'cpu' OR device <> 'cpu')
     GROUP BY config
 ),
 pairs AS (
