@@ -68,13 +68,11 @@ from ..datasets import Dataset, Split
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO
-from ..models import block_layers, forward_flops, walk
-from ..spec import setting
+from ..models import block_layers, forward_flops
+from ..spec import model_problem, setting
 from . import TrainOutcome
 
 NAME = "jax"
-# (C, H, W) and classes of the datasets whose shape is fixed (synthetic: from the spec).
-DATASET_SHAPES = {"fashion-mnist": ((1, 28, 28), 10), "mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10)}
 POOL_THREAD = "tf_XLAEigen"  # the name XLA's CPU intra-op pool gives its threads
 EXCHANGE_PROBE_ROUNDS = 8
 LOSS_SCALE = 2.0 ** 15
@@ -104,18 +102,7 @@ def check(params: dict[str, Any]) -> str | None:
                 "call oneDNN's gemm whatever --xla_cpu_use_onednn says)")
     if params["interop_threads"] != "unset":
         return "[params -> interop_threads] XLA's CPU runtime has one thread pool (intra-op); there is no inter-op pool"
-    if params["dataset"] == "synthetic":
-        shape, classes, key = tuple(params["synthetic_shape"]), params["synthetic_classes"], "synthetic_shape"
-    elif params["dataset"] in DATASET_SHAPES:
-        (shape, classes), key = DATASET_SHAPES[params["dataset"]], "dataset"
-    else:
-        return None  # load_spec has refused it already
-    try:
-        for _ in walk(model, shape, classes):
-            pass
-    except ValueError as exc:
-        return f"[params -> {key}] {exc}"
-    return None
+    return model_problem(params)  # the input too small for the model (load_spec checks it too)
 
 
 def configure(params: dict[str, Any]) -> None:
@@ -263,8 +250,8 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     evaluator = Evaluator(net, params)
     iterations, patience = params["iterations"], setting(params, "early_stopping")
     gradients = [0]
-    notes = [f"steps are jitted XLA programs compiled ahead of the first step for every batch shape; "
-             f"time_to_first_step includes that compilation"]
+    notes = ["steps are jitted XLA programs compiled ahead of the first step for every batch shape; "
+             "time_to_first_step and the first epoch's seconds include that compilation"]
 
     def outcome(**more: Any) -> TrainOutcome:
         return TrainOutcome(notes=notes, model=Trained(net, trainer.state, place), input_gradient_steps=gradients[0],
