@@ -20,6 +20,7 @@ noise, so a network can learn it but not at once.
 
 from __future__ import annotations
 
+import collections
 import gzip
 import random
 import zlib
@@ -319,3 +320,21 @@ def synthetic(shape: tuple[int, int, int], *, classes: int, train: int, test: in
     return Dataset(SYNTHETIC, shape, classes,
                    _synthetic_split(seed, "train", blocks, shape, train),
                    _synthetic_split(seed, "test", blocks, shape, test))
+
+
+def prefetched(pool: Any, convert: Any, items: Any, depth: int) -> Any:
+    """``convert(item)`` for each item in order, run on ``pool`` (a ``ThreadPoolExecutor``)
+    with up to ``depth`` items submitted ahead of the one being yielded: the thread-pool
+    loaders of the adapters whose framework has none of its own (JAX, Theano)."""
+    ahead: collections.deque[Any] = collections.deque()
+    queue = iter(items)
+    for item in queue:
+        ahead.append(pool.submit(convert, item))
+        if len(ahead) >= depth:
+            break
+    while ahead:
+        future = ahead.popleft()
+        following = next(queue, None)
+        if following is not None:
+            ahead.append(pool.submit(convert, following))
+        yield future.result()

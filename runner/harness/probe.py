@@ -7,6 +7,7 @@ fails soft: what cannot be read is left out, never an error.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import platform
@@ -32,6 +33,24 @@ def affinity() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return list(range(os.cpu_count() or 1))
+
+
+def thread_census() -> dict[str, int]:
+    """Threads of this process by name (``/proc/self/task/*/comm``): how adapters count the
+    pools a framework starts (TensorFlow's inter-op pool ``tf_Compute``, XLA's CPU pool
+    ``tf_XLAEigen``)."""
+    counts: collections.Counter[str] = collections.Counter()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return {}
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm", encoding="utf-8") as fh:
+                counts[fh.read().strip()] += 1
+        except OSError:
+            continue
+    return dict(sorted(counts.items()))
 
 
 def loaded_libraries(maps: str = "/proc/self/maps") -> list[dict[str, Any]]:

@@ -52,7 +52,6 @@ decay 0.99 eps 1e-8 outside the square root).
 
 from __future__ import annotations
 
-import collections
 import math
 import os
 import statistics
@@ -64,11 +63,12 @@ from typing import Any, Callable
 
 from ..errors import HarnessError
 from .. import distributed
-from ..datasets import Dataset, Split
+from ..datasets import Dataset, Split, prefetched
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO
 from ..models import block_layers, forward_flops
+from ..probe import thread_census
 from ..spec import model_problem, setting
 from . import TrainOutcome
 
@@ -410,22 +410,6 @@ def _layer_op(unit: Any, sub: Any, inp: Any, grad: Any, *, first: bool, training
 
 
 # --- what is in force --------------------------------------------------------------------
-
-
-def thread_census() -> dict[str, int]:
-    """Threads of this process by name (XLA's CPU pool: ``tf_XLAEigen``)."""
-    counts: collections.Counter[str] = collections.Counter()
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return {}
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/comm", encoding="utf-8") as fh:
-                counts[fh.read().strip()] += 1
-        except OSError:
-            continue
-    return dict(sorted(counts.items()))
 
 
 def _config(name: str) -> Any:
@@ -1129,19 +1113,9 @@ class Feed:
                 self.batches += 1
                 yield self._convert(indices)
             return
-        ahead = collections.deque()
-        queue = iter(picks)
-        for indices in queue:
-            ahead.append(self._pool.submit(self._convert, indices))
-            if len(ahead) >= 2 * self.workers:
-                break
-        while ahead:
-            future = ahead.popleft()
-            nxt = next(queue, None)
-            if nxt is not None:
-                ahead.append(self._pool.submit(self._convert, nxt))
+        for batch in prefetched(self._pool, self._convert, picks, 2 * self.workers):
             self.batches += 1
-            yield future.result()
+            yield batch
 
     def probe_batch(self, size: int, rank: int, world: int) -> tuple[Any, Any]:
         """This worker's share of the first ``size`` samples, normalised (the exchange probe)."""

@@ -40,7 +40,6 @@ Fidelity to the framework-neutral definitions (docs/frameworks/tensorflow.md):
 
 from __future__ import annotations
 
-import collections
 import math
 import os
 import statistics
@@ -56,6 +55,7 @@ from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO
 from ..models import block_layers, block_out_channels, forward_flops, walk
+from ..probe import thread_census
 from ..spec import setting
 from . import TrainOutcome
 
@@ -332,22 +332,6 @@ def onednn_in_force() -> tuple[bool | None, str]:
     except (ImportError, AttributeError):
         value = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
         return (None if value is None else value != "0"), "TF_ENABLE_ONEDNN_OPTS (IsMklEnabled not importable)"
-
-
-def thread_census() -> dict[str, int]:
-    """Threads of this process by name (TensorFlow names its inter-op pool ``tf_Compute``)."""
-    counts: collections.Counter[str] = collections.Counter()
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return {}
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/comm", encoding="utf-8") as fh:
-                counts[fh.read().strip()] += 1
-        except OSError:
-            continue
-    return dict(sorted(counts.items()))
 
 
 # --- devices ---------------------------------------------------------------------------

@@ -48,7 +48,6 @@ Adadelta rho 0.9 eps 1e-6, RMSprop alpha 0.99 eps 1e-8 outside the square root).
 from __future__ import annotations
 
 import atexit
-import collections
 import math
 import os
 import shutil
@@ -61,12 +60,12 @@ from typing import Any, Callable
 
 from ..errors import HarnessError
 from .. import distributed
-from ..datasets import IDX_SHAPES, Dataset, Split
+from ..datasets import Dataset, Split, prefetched
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO
-from ..models import block_layers, forward_flops, walk
-from ..spec import setting
+from ..models import block_layers, forward_flops
+from ..spec import model_problem, setting
 from . import TrainOutcome
 
 NAME = "theano"
@@ -106,15 +105,7 @@ def check(params: dict[str, Any]) -> str | None:
         return "[params -> interop_threads] Theano runs a function's ops one after another: there is no inter-op pool"
     if int(params.get("workers") or 1) * int(params.get("nodes") or 1) > 1:
         return "[params -> workers] Theano has no multi-process training of its own: one process only"
-    shape, classes, key = _input(params)
-    if shape is None:
-        return None  # load_spec has refused the dataset already
-    try:
-        for _ in walk(model, shape, classes):
-            pass
-    except ValueError as exc:
-        return f"[params -> {key}] {exc}"
-    return None
+    return model_problem(params)  # the input too small for the model (load_spec checks it too)
 
 
 def configure(params: dict[str, Any]) -> None:
@@ -464,12 +455,6 @@ def _count(value: Any) -> bool:
 # --- data ------------------------------------------------------------------------------
 
 
-def _input(params: dict[str, Any]) -> tuple[tuple[int, int, int] | None, int, str]:
-    if params["dataset"] == "synthetic":
-        return tuple(params["synthetic_shape"]), params["synthetic_classes"], "synthetic_shape"
-    return IDX_SHAPES.get(params["dataset"]), 10, "dataset"
-
-
 def arrays(split: Split, shape: tuple[int, int, int]) -> tuple[Any, Any]:
     """float32 NCHW images normalised to [-1, 1] (/255, mean 0.5, std 0.5) and int32 labels."""
     x = np.frombuffer(bytes(split.images), np.uint8).reshape(split.count, *shape).astype(np.float32)
@@ -532,19 +517,9 @@ class Feed:
                 self.batches += 1
                 yield self._convert(indices)
             return
-        ahead: collections.deque = collections.deque()
-        queue = iter(picks)
-        for indices in queue:
-            ahead.append(self._pool.submit(self._convert, indices))
-            if len(ahead) >= 2 * self.workers:
-                break
-        while ahead:
-            future = ahead.popleft()
-            nxt = next(queue, None)
-            if nxt is not None:
-                ahead.append(self._pool.submit(self._convert, nxt))
+        for batch in prefetched(self._pool, self._convert, picks, 2 * self.workers):
             self.batches += 1
-            yield future.result()
+            yield batch
 
     def close(self) -> None:
         if self._pool is not None:
