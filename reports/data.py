@@ -177,11 +177,19 @@ def read_bundle_paths(con: duckdb.DuckDBPyConnection, sweep: str | None) -> list
 
 
 def read_baseline(con: duckdb.DuckDBPyConnection, sweep: str | None) -> pl.DataFrame:
-    """The baseline view: per cell, medians and spread over its ok runs."""
+    """The baseline view: per cell, medians and spread over its ok runs; then whether the
+    cell's runs fall into two modes and the modes (view cell_modes, over every sweep), and how
+    many of its ok runs in the sweep were measured while the canary had drifted (run_drift)."""
     return _frame(
         con,
         f"""
-        SELECT * FROM baseline WHERE {_SWEEP_FILTER}
+        SELECT b.*, m.bimodal, m.slow_runs, m.slow_throughput_median, m.fast_runs,
+               m.fast_throughput_median, coalesce(d.drifted_runs, 0) AS drifted_runs
+        FROM baseline AS b
+        LEFT JOIN cell_modes AS m USING (cell_id)
+        LEFT JOIN (SELECT sweep, cell_id, count(*) FILTER (WHERE drift_flagged) AS drifted_runs
+                   FROM run_drift WHERE status = 'ok' GROUP BY sweep, cell_id) AS d USING (sweep, cell_id)
+        WHERE {_SWEEP_FILTER}
         ORDER BY sweep, framework, variant, model, dataset, {_THREADS_ORDER},
                  batch_size, epochs, cell_id
         """,

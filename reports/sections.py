@@ -103,8 +103,10 @@ def baseline_section(
     their values by (sweep, cell_id); ``unfinished`` lists (label, statuses) of cells that
     have runs but no successful one.
     """
+    energy = "j_per_image_median" in baseline.columns and \
+        baseline.get_column("j_per_image_median").drop_nulls().len() > 0
     headers = [*params, "runs", "train s", "test s", "accuracy", "throughput (images/s)",
-               "CPU %", "memory MiB avg / peak", "flags"]
+               "CPU %", "memory MiB avg / peak", *(["energy J / image"] if energy else []), "flags"]
     rows: list[list[Any]] = []
     classes: list[str | None] = []
     for row in baseline.iter_rows(named=True):
@@ -117,6 +119,25 @@ def baseline_section(
         if mismatch_runs:
             flags.append(flag(f"⚠ mismatch in {mismatch_runs} run(s)", "warn",
                               "what was asked differs from what was in force; see Provenance"))
+        throttled_runs = row.get("throttled_runs") or 0
+        if throttled_runs:
+            flags.append(flag(f"⚠ GPU throttled in {throttled_runs} run(s)", "warn",
+                              "NVML saw a power-cap, thermal or hardware slowdown: see gpu_samples"))
+        busy_runs = row.get("busy_runs") or 0
+        if busy_runs:
+            flags.append(flag(f"⚠ busy machine in {busy_runs} run(s)", "warn",
+                              "other processes used the cell's CPUs as it started: see run_overview.busy_reasons"))
+        if row.get("bimodal"):
+            flags.append(flag("bimodal", "warn",
+                              f"the runs fall into two modes: {fmt(row.get('slow_runs'))} at "
+                              f"{fmt(row.get('slow_throughput_median'), 1)} and {fmt(row.get('fast_runs'))} at "
+                              f"{fmt(row.get('fast_throughput_median'), 1)} images/s (over every sweep); "
+                              "the median describes neither: see view cell_modes"))
+        drifted_runs = row.get("drifted_runs") or 0
+        if drifted_runs:
+            flags.append(flag(f"⚠ drift in {drifted_runs} run(s)", "warn",
+                              "measured while the sweep's canary had drifted beyond its spread: "
+                              "see views canary_drift and run_drift"))
         if row.get("runs", 0) < 3:
             flags.append(flag("< 3 runs", "muted", "medians over fewer than three repeats"))
         rows.append([
@@ -133,9 +154,10 @@ def baseline_section(
                 f"usr {fmt(row['cpu_user_median'], 0)} · sys {fmt(row['cpu_system_median'], 0)}"
                 f" · io {fmt(row['iowait_median'], 1)}"),
             num(f"{fmt(row['rss_avg_mb'], 1)} / {fmt(row['rss_peak_mb'], 1)}"),
+            *([num(fmt(row.get("j_per_image_median"), 4))] if energy else []),
             join(flags, " "),
         ])
-        classes.append("mismatch" if mismatch_runs else None)
+        classes.append("mismatch" if mismatch_runs or throttled_runs or busy_runs else None)
     parts: list[Any] = [download_link(csv_href)] if csv_href and rows else []
     if rows:
         parts.append(tag("div", table(headers, rows, row_classes=classes, id="baseline-table"),

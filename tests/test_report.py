@@ -838,3 +838,31 @@ def test_cli_report_publish(warehouse: Path, tmp_path: Path,
     result = runner.invoke(app, ["report", "--warehouse", str(warehouse), "--publish", "notes"])
     assert result.exit_code == 2
     assert f"Error: report directory {tmp_path / 'notes'} exists and is not a matrun report" in result.output
+
+
+def test_baseline_flags_throttled_and_busy_runs_and_shows_energy_only_when_measured(
+        tmp_path: Path, fixture_site: Path) -> None:
+    # The fixture's runs measured no energy: no energy column.
+    headers, _, _ = table_rows(page(fixture_site, "baseline.html"), "baseline-table")
+    assert "energy J / image" not in headers
+    results = tmp_path / "results"
+    for repeat in range(2):
+        run = make_bundle(results, cell_id=A, repeat=repeat, params={"device": "gpu", "gpus": 1})
+        result = read_json(run / "result.json")
+        result["monitor"].update(gpu_energy_j=60.0 * (repeat + 1), gpu_throttled=bool(repeat),
+                                 gpu_throttle_reasons=["hw_thermal_slowdown"] if repeat else [])
+        result["host"]["state"] = {"busy": not repeat, "busy_reasons": ["other processes kept 0.90 …"]}
+        write_json_atomic(run / "result.json", result)
+        events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+        for record in events:
+            if record.get("type") == "summary":
+                record["images"] = 600
+        (run / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in events))
+    db = tmp_path / "wh.duckdb"
+    assert len(ingest([results], warehouse=db).ingested) == 2
+    site = build_report(warehouse=db, out_dir=tmp_path / "site")
+    headers, rows, trs = table_rows(page(site, "baseline.html"), "baseline-table")
+    flags = cell(rows[0], headers, "flags").text()
+    assert "GPU throttled in 1 run(s)" in flags and "busy machine in 1 run(s)" in flags
+    assert "mismatch" in trs[0].classes()
+    assert cell(rows[0], headers, "energy J / image").text() == "0.1500"  # median of 0.1 and 0.2 J

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from lake_client import plain_connect
+from matrun.runner.executors.energy import rapl_zones
 from matrun.warehouse.ingest import ingest
 
 MATRUN = [str(Path(sys.executable).with_name("matrun"))]
@@ -94,6 +95,14 @@ def test_sweep_ingest_query_report_and_skip_done(tmp_path, torch_env):
     assert all(0 <= r[2] <= 1 and r[3] > 0 for r in rows)
     assert sql(db, "SELECT count(DISTINCT epoch) FROM epochs") == [(2,)]
     assert sql(db, "SELECT count(*) > 0 FROM monitor_samples") == [(True,)]
+    # Each run records the machine state before it started and the images it trained; this CPU
+    # host has no NVML and no RAPL: its energy is unmeasured (NULL), never 0.
+    assert sql(db, "SELECT count(*) FROM runs WHERE busy_start IS NOT NULL AND host -> 'state' ->> 'cpu_model' "
+                   "IS NOT NULL AND TRY_CAST(host -> 'state' ->> 'cell_cpus' AS INT) >= 1 "
+                   "AND TRY_CAST(summary ->> 'images' AS INT) = 2 * 256 AND gpu_energy_j IS NULL "
+                   "AND host -> 'gpu' IS NULL") == [(4,)]
+    rapl = bool(rapl_zones())
+    assert sql(db, "SELECT count(*) FROM runs WHERE cpu_energy_j IS NOT NULL") == [(4 if rapl else 0,)]
 
     # Nothing left: a second sweep runs nothing and duplicates nothing.
     again = matrun("sweep", cwd=tmp_path)

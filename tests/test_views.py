@@ -38,14 +38,17 @@ CONTRACT = {
                     "cpu_user_avg, cpu_system_avg, cpu_total_avg, iowait_avg, rss_avg_bytes, "
                     "rss_peak_bytes, mismatches, mode, layout, precision, conv_algo, gpus, interop_threads, "
                     "preset, seed, inference_seconds, peak_device_memory_bytes, onednn_primitives, "
-                    "epochs_run, stopped_early, best_epoch",
+                    "epochs_run, stopped_early, best_epoch, gpu_util_avg, gpu_mem_used_peak_bytes, "
+                    "gpu_power_avg_w, gpu_energy_j, cpu_energy_j, images, gpu_j_per_image, cpu_j_per_image, "
+                    "j_per_image, gpu_throttled, gpu_throttle_reasons, busy_start, busy_reasons",
     "cell_status": "cell_id, repeat, attempts, max_attempt, last_status, ok",
     "cell_durations": "cell_id, runs, wall_seconds_median",
     "baseline": "sweep, cell_id, framework, variant, model, dataset, threads, batch_size, epochs, "
                 "runs, train_s_median, train_s_min, train_s_max, test_s_median, accuracy_median, "
                 "accuracy_min, accuracy_max, throughput_median, throughput_min, throughput_max, "
                 "throughput_cv, cpu_total_median, cpu_user_median, cpu_system_median, "
-                "iowait_median, rss_avg_mb, rss_peak_mb, mismatch_runs",
+                "iowait_median, rss_avg_mb, rss_peak_mb, mismatch_runs, throttled_runs, busy_runs, "
+                "j_per_image_median, gpu_mem_peak_mb",
     "epoch_curve": "sweep, cell_id, framework, model, dataset, threads, batch_size, epoch, runs, "
                    "train_loss_median, train_accuracy_median, test_accuracy_median, "
                    "test_accuracy_min, test_accuracy_max, epoch_seconds_median, "
@@ -126,6 +129,7 @@ def test_baseline_over_ok_runs(study: Path) -> None:
         "throughput_cv": pytest.approx(cv),
         "cpu_total_median": 140.0, "cpu_user_median": 120.0, "cpu_system_median": 20.0,
         "iowait_median": 2.0, "rss_avg_mb": 200.0, "rss_peak_mb": 400.0, "mismatch_runs": 1,
+        "throttled_runs": 0, "busy_runs": 0, "j_per_image_median": None, "gpu_mem_peak_mb": None,
     }
     assert cv == pytest.approx(0.881917, abs=1e-6)
     b = rows[1]
@@ -186,6 +190,9 @@ def test_run_overview_rows(study: Path) -> None:
         "conv_algo": "heuristic", "gpus": None, "interop_threads": "unset", "preset": "none", "seed": 0,
         "inference_seconds": None, "peak_device_memory_bytes": None, "onednn_primitives": None,
         "epochs_run": None, "stopped_early": None, "best_epoch": None,
+        "gpu_util_avg": None, "gpu_mem_used_peak_bytes": None, "gpu_power_avg_w": None, "gpu_energy_j": None,
+        "cpu_energy_j": None, "images": None, "gpu_j_per_image": None, "cpu_j_per_image": None, "j_per_image": None,
+        "gpu_throttled": None, "gpu_throttle_reasons": None, "busy_start": None, "busy_reasons": None,
     }
     assert rows[f"{A}/1-1"]["mismatches"] == ["threads: asked 2, in force 1"]
     failed = rows[f"{C}/0-1"]

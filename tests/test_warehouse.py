@@ -22,7 +22,7 @@ from matrun.warehouse.db import VIEW_COMMENT_PREFIX, open_warehouse
 from matrun.warehouse.ingest import ingest
 from matrun.warehouse.query import run_query
 
-TABLES = {"runs", "steps", "epochs", "monitor_samples", "layers", "images", "studies", "study_findings",
+TABLES = {"runs", "steps", "epochs", "monitor_samples", "gpu_samples", "layers", "images", "studies", "study_findings",
           "study_cells", "schema_migrations", "cell_cache", "cache_state",
           *(cache.table for cache in materialise.CACHED)}
 VIEWS = {"run_overview", "cell_status", "cell_durations", "baseline", "epoch_curve",
@@ -89,7 +89,8 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "w.duckdb"
     with open_warehouse(path) as wh:
         wh.con.execute("INSERT INTO schema_migrations (version, name) VALUES (999, 'future')")
-    message = f"warehouse {path} has schema version 999; this matrun knows up to 6: upgrade matrun"
+    newest = max(m.version for m in db.migrations())
+    message = f"warehouse {path} has schema version 999; this matrun knows up to {newest}: upgrade matrun"
     with pytest.raises(WarehouseError) as err:
         with open_warehouse(path):
             pass
@@ -107,8 +108,9 @@ def test_read_only_refuses_a_warehouse_with_pending_migrations(tmp_path: Path) -
     with pytest.raises(WarehouseError) as err:
         with open_warehouse(path, read_only=True):
             pass
+    newest = max(m.version for m in db.migrations())
     assert str(err.value) == (f"warehouse {path} was written by an older matrun (schema version "
-                              "0, this matrun has 6); run `matrun ingest` on it once to upgrade it")
+                              f"0, this matrun has {newest}); run `matrun ingest` on it once to upgrade it")
 
 
 # -- files that are not warehouses -------------------------------------------------------

@@ -12,7 +12,9 @@ Per matched cell the statistics are those of the views (docs/WAREHOUSE.md, "Stat
 computed in SQL by the macros of ``views/_macros.sql`` over the selected ok runs of each
 side: medians, ``median_ci``, ``cv`` / noisy, ``compare_samples`` (two-sided Mann–Whitney U
 of B's throughput against A's, "interval overlap" and never significant when the test
-cannot reach p < 0.05) and ``verdict``.
+cannot reach p < 0.05) and ``verdict``; ``two_modes`` says whether a side's throughputs fall
+into two modes (``bimodal``), view ``run_drift`` how many of its ok runs were measured while
+the sweep's canary had drifted (``drifted_runs``).  A sweep's canary runs are never selected.
 """
 
 from __future__ import annotations
@@ -166,7 +168,8 @@ def select_runs(text: str, *, side: str, warehouse: Path) -> Selection:
         with reader(warehouse) as con:
             check_sweep(con, value, warehouse, what=side)
             ids = [r["run_id"] for r in fetch(
-                con, "SELECT run_id FROM runs WHERE sweep = $s ORDER BY run_id", {"s": value})]
+                con, "SELECT run_id FROM runs WHERE sweep = $s AND \"repeat\" <> canary_repeat() "
+                     "ORDER BY run_id", {"s": value})]  # canary runs: view canary_drift
         return Selection(side, text, kind, value, tuple(ids))
     check_select(value, side)
     try:
@@ -203,10 +206,11 @@ r AS (
         CASE WHEN x.diverged THEN NULL ELSE o.train_seconds END AS train_seconds,
         o.accuracy, o.throughput,
         params_key(x.params, $drop::VARCHAR[]) AS match_key,
-        x.params
+        x.params, coalesce(d.drift_flagged, false) AS drifted
     FROM sel AS s
     JOIN run_overview AS o USING (run_id)
     JOIN runs AS x USING (run_id)
+    LEFT JOIN run_drift AS d USING (run_id)
 ),
 counts AS (
     SELECT side, match_key,
@@ -214,7 +218,8 @@ counts AS (
         list_sort(list_distinct(list(cell_id))) AS cells,
         list_sort(list_distinct(list(env_id))) AS envs,
         count(*) FILTER (WHERE status = 'ok') AS runs,
-        count(*) FILTER (WHERE status <> 'ok') AS failed_runs
+        count(*) FILTER (WHERE status <> 'ok') AS failed_runs,
+        count(*) FILTER (WHERE status = 'ok' AND drifted) AS drifted_runs
     FROM r
     GROUP BY side, match_key
 ),
@@ -234,7 +239,8 @@ ok AS (
 s AS (
     SELECT c.*, ok.* EXCLUDE (side, match_key),
         median_ci(ok.train_s_values) AS train_s_ci,
-        median_ci(ok.throughput_values) AS throughput_ci
+        median_ci(ok.throughput_values) AS throughput_ci,
+        two_modes(ok.throughput_values).bimodal AS bimodal
     FROM counts AS c
     LEFT JOIN ok ON ok.side = c.side AND ok.match_key = c.match_key
 ),
@@ -257,6 +263,8 @@ pairs AS (
         b.throughput_ci.low AS b_throughput_ci_low, b.throughput_ci.high AS b_throughput_ci_high,
         b.throughput_ci.level AS b_throughput_ci_level,
         a.throughput_cv AS a_throughput_cv, b.throughput_cv AS b_throughput_cv,
+        coalesce(a.bimodal, false) AS a_bimodal, coalesce(b.bimodal, false) AS b_bimodal,
+        coalesce(a.drifted_runs, 0) AS a_drifted_runs, coalesce(b.drifted_runs, 0) AS b_drifted_runs,
         a.accuracy_median AS a_accuracy, b.accuracy_median AS b_accuracy,
         compare_samples(b.throughput_values, a.throughput_values) AS tcmp,
         compare_samples(b.accuracy_values, a.accuracy_values) AS acmp
@@ -289,7 +297,7 @@ COLUMNS = (
     "a_throughput_ci_level", "b_throughput_ci_low", "b_throughput_ci_high",
     "b_throughput_ci_level", "throughput_ratio",
     "a_train_s_cv", "b_train_s_cv", "a_throughput_cv", "b_throughput_cv", "a_noisy", "b_noisy",
-    "a_accuracy", "b_accuracy", "accuracy_change",
+    "a_bimodal", "b_bimodal", "a_drifted_runs", "b_drifted_runs", "a_accuracy", "b_accuracy", "accuracy_change",
     "p_value", "test", "significant", "verdict",
     "accuracy_p_value", "accuracy_significant", "accuracy_verdict", "params",
 )
@@ -478,5 +486,12 @@ def fmt_points(x: float | None) -> str:
 
 
 def fmt_noisy(cell: dict[str, Any]) -> str:
-    sides = [s for s in ("a", "b") if cell[f"{s}_noisy"]]
-    return " ".join(s.upper() for s in sides) or "-"
+    """The sides whose spread is wide (CV over 5 %), with "bimodal" where their throughputs
+    fall into two modes (macro two_modes) and "drift" where ok runs of theirs were measured
+    while the sweep's canary had drifted (view run_drift): ``A``, ``B bimodal drift``, ``-``."""
+    sides = []
+    for s in ("a", "b"):
+        marks = [" bimodal"] * bool(cell.get(f"{s}_bimodal")) + [" drift"] * bool(cell.get(f"{s}_drifted_runs"))
+        if cell[f"{s}_noisy"] or marks:
+            sides.append(s.upper() + "".join(marks))
+    return " ".join(sides) or "-"

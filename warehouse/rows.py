@@ -43,6 +43,10 @@ RUNS_SCHEMA = pa.schema([
     ("mismatches", pa.list_(pa.string())), ("events_truncated", pa.bool_()),
     ("bundle_path", pa.string()), ("bundle_digest", pa.string()),
     ("image_tag", pa.string()), ("image_id", pa.string()), ("image_digest", pa.string()),
+    # the GPU and energy monitor's aggregates and the machine state (migration 007)
+    ("gpu_util_avg", pa.float64()), ("gpu_mem_used_peak_bytes", pa.int64()),
+    ("gpu_power_avg_w", pa.float64()), ("gpu_energy_j", pa.float64()), ("gpu_throttled", pa.bool_()),
+    ("cpu_energy_j", pa.float64()), ("busy_start", pa.bool_()),
 ])
 STEPS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("epoch", pa.int32()), ("step", pa.int32()),
@@ -64,12 +68,20 @@ SAMPLES_SCHEMA = pa.schema([
     ("cpu_system", pa.float64()), ("iowait", pa.float64()), ("rss_bytes", pa.int64()),
     ("nprocs", pa.int32()),
 ])
+GPU_SAMPLES_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("t", pa.float64()), ("gpu", pa.int32()), ("util", pa.float64()),
+    ("mem_util", pa.float64()), ("mem_used_bytes", pa.int64()), ("power_w", pa.float64()),
+    ("energy_j", pa.float64()), ("sm_clock_mhz", pa.int32()), ("mem_clock_mhz", pa.int32()),
+    ("temp_c", pa.float64()), ("throttle", pa.int64()),
+])
 _SUMMARY_COLUMNS = ("train_seconds", "test_seconds", "accuracy", "throughput",
                     "time_to_first_step", "timed_steps", "warmup_steps", "diverged")
 _MONITOR_COLUMNS = {"monitor_interval_s": "interval_s", "monitor_samples": "samples",
                     "cpu_user_avg": "cpu_user_avg", "cpu_system_avg": "cpu_system_avg",
                     "cpu_total_avg": "cpu_total_avg", "iowait_avg": "iowait_avg",
-                    "rss_avg_bytes": "rss_avg_bytes", "rss_peak_bytes": "rss_peak_bytes"}
+                    "rss_avg_bytes": "rss_avg_bytes", "rss_peak_bytes": "rss_peak_bytes",
+                    **{col: col for col in ("gpu_util_avg", "gpu_mem_used_peak_bytes", "gpu_power_avg_w",
+                                            "gpu_energy_j", "gpu_throttled", "cpu_energy_j")}}
 
 
 #: Columns the migrations declare NOT NULL (``migrations/001_initial.sql``, ``002_layers.sql``),
@@ -81,6 +93,7 @@ NOT_NULL = {
     "steps": ("run_id", "step", "phase", "seconds", "images"),
     "epochs": ("run_id", "epoch"),
     "monitor_samples": ("run_id", "t"),
+    "gpu_samples": ("run_id", "t", "gpu"),
     "layers": ("run_id", "name", "kind"),
 }
 
@@ -107,7 +120,8 @@ def bundle_tables(bundle: Bundle) -> dict[str, pa.Table]:
               "epochs": _records_table("epochs", run_id, bundle.epochs, EPOCHS_SCHEMA),
               "monitor_samples": _rows_table("monitor_samples", run_id, bundle.monitor_samples,
                                              SAMPLES_SCHEMA),
-              "layers": _records_table("layers", run_id, bundle.layers, LAYERS_SCHEMA)}
+              "layers": _records_table("layers", run_id, bundle.layers, LAYERS_SCHEMA),
+              "gpu_samples": _rows_table("gpu_samples", run_id, bundle.gpu_samples, GPU_SAMPLES_SCHEMA)}
     for name, table in tables.items():
         for column in NOT_NULL[name]:
             if table.column(column).null_count:
@@ -181,6 +195,7 @@ def _runs_table(bundles: list[Bundle]) -> pa.Table:
         }
         row.update({col: _number(summary.get(col), col) for col in _SUMMARY_COLUMNS})
         row.update({col: _number(monitor.get(key), col) for col, key in _MONITOR_COLUMNS.items()})
+        row["busy_start"] = _number(_state(result.get("host")).get("busy"), "busy_start")
         rows.append(row)
     return _arrow("runs", {f.name: [row.get(f.name) for row in rows] for f in RUNS_SCHEMA}, RUNS_SCHEMA)
 
@@ -193,6 +208,12 @@ def _image_columns(image: Any) -> dict[str, str | None]:
     first = digests[0] if isinstance(digests, list) and digests and isinstance(digests[0], str) else None
     image_id = _text(image.get("id"))
     return {"image_tag": _text(image.get("tag")), "image_id": image_id, "image_digest": first or image_id}
+
+
+def _state(host: Any) -> dict[str, Any]:
+    """result.json ``host.state``: the machine state before the run (runner/sweep/machine.py)."""
+    state = host.get("state") if isinstance(host, dict) else None
+    return state if isinstance(state, dict) else {}
 
 
 def _without_type(record: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 """``matrun envs``, ``build``, ``images`` and ``matrun engine …``: framework environments, images, the engine.
 
 Thin wrappers over ``runner/environments/`` (``venvs``: local virtual environments;
+``system``: the site's own interpreters, ``variant = "system"``, nothing to build;
 ``contexts`` and ``builds``: the images a matrix needs, building and probing them; ``engine``:
 the Docker engine) and ``warehouse/images.py`` (the images recorded); docs/IMAGES.md.
 """
@@ -24,7 +25,9 @@ from matrun.runner.environments import engine
 from matrun.runner.environments.builds import build_images
 from matrun.runner.environments.contexts import images_needed
 from matrun.runner.environments.home import matrun_home
+from matrun.runner.environments.system import list_system_envs
 from matrun.runner.environments.venvs import ensure_env, list_envs
+from matrun.runner.harness.spec import SYSTEM_VARIANT
 from matrun.runner.planning.identity import plan_cells
 from matrun.runner.planning.matrix import load_matrix
 from matrun.warehouse.images import list_images, record_images
@@ -40,16 +43,20 @@ def envs(
     profile: ProfileOpt = None,
     build: Annotated[bool, typer.Option("--build", help="Build the environments the matrix needs.")] = False,
 ) -> None:
-    """List the framework environments built here; --build prepares those the matrix needs."""
+    """List the framework environments built here and the site's own interpreters probed here
+    (variant = "system"); --build prepares those the matrix needs."""
     if build:
         m = load_matrix(matrix, profile)
         for fw, variant in sorted({(c.values["framework"], c.values["variant"]) for c in m.cells}):
+            if variant == SYSTEM_VARIANT:
+                typer.echo(f"{fw}:{variant}: nothing to build (the site's own Python, named by python)")
+                continue
             env = ensure_env(fw, variant, log=lambda t: typer.echo(t, err=True))
             typer.echo(f"{env.spec.env_id}: {env.path}")
     table = Table(title="environments")
     for col in ("env id", "framework", "variant", "version", "python", "path"):
         table.add_column(col)
-    for e in list_envs():
+    for e in [*list_envs(), *list_system_envs()]:
         table.add_row(e["env_id"], e["framework"], e["variant"], e.get("framework_version", ""), e["python"], e["path"])
     out.print(table)
 
@@ -71,7 +78,10 @@ def _parse_image(text: str) -> tuple[str, str]:
     framework, sep, variant = text.partition(":")
     if not sep or not framework or not variant:
         raise InputError(f"--image {text!r}: expected FRAMEWORK:VARIANT, e.g. {default_framework()}:cpu")
-    get_framework(framework).variant(variant)  # unknown names: a clear InputError
+    if variant != SYSTEM_VARIANT:  # the site's own Python: said to have nothing to build
+        get_framework(framework).variant(variant)  # unknown names: a clear InputError
+    else:
+        get_framework(framework)
     return framework, variant
 
 
@@ -110,6 +120,13 @@ def build(
 ) -> None:
     """Build the framework images the matrix needs (only those), probe them, record them."""
     images = wanted_images(matrix, where, image, profile)
+    system = [(fw, v) for fw, v in images if v == SYSTEM_VARIANT]
+    if system:  # the site's own Python: nothing of matrun's to build
+        typer.echo(f"{', '.join(f'{fw}:{v}' for fw, v in system)}: nothing to build (the site's own Python, "
+                   "named by python; its cells run with --executor local)", err=True)
+        images = [pair for pair in images if pair not in system]
+        if not images:
+            return
     if not images:
         raise InputError("no cells selected: nothing to build")
     if wheelhouse is None:

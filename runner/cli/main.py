@@ -9,6 +9,7 @@ from __future__ import annotations
 
 # isort: off
 from matrun.runner.cli import runs  # noqa: F401  plan, sweep, status, cancel
+from matrun.runner.cli import doctor  # noqa: F401  doctor
 from matrun.runner.cli import studies  # noqa: F401  studies
 from matrun.runner.cli import results  # noqa: F401  ingest, query, report
 from matrun.runner.cli import export  # noqa: F401  export

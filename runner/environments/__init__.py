@@ -8,6 +8,9 @@ Modules (each imports only those above it in this list, plus what is named):
   protocol version (``HARNESS_PROTOCOL``, part of local env ids).  Standard library only.
 - ``venvs``: the local executor's virtual environments, one per framework variant
   (``EnvSpec`` and its ``env_id``, ``ensure_env``, ``list_envs``).  Imports ``matrun.frameworks``.
+- ``system``: the site's own Python (``variant = "system"``): its probe and cache, the
+  ``system_env_id`` hashed from what the probe found, and the refusals.  Imports
+  ``matrun.frameworks`` and the harness's ``spec`` (the variant's name).
 - ``contexts``: image recipes and build contexts, no engine: a variant's Dockerfile and pins,
   ``recipe_hash`` (the docker executor's env id), wheel selection, ``prepare_context``, the
   tag repository and the ``org.matrun`` labels.  Imports ``matrun.frameworks``.

@@ -96,6 +96,14 @@ def ensure_env(framework: str, variant: str, *, log=None) -> Env:
     return env
 
 
+def built_env(framework: str, variant: str) -> tuple[Env, bool]:
+    """The variant's environment and whether it is built (its marker written); nothing is
+    built.  ``InputError`` as ``env_spec`` (an image-only variant, pins missing)."""
+    spec = env_spec(framework, variant)
+    env = Env(spec, matrun_home() / "envs" / spec.env_id)
+    return env, (env.path / MARKER).is_file()
+
+
 def _build(env: Env, *, log) -> None:
     if log:
         log(f"building environment {env.spec.env_id} at {env.path} (once; later sweeps reuse it)")

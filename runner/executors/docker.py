@@ -52,13 +52,14 @@ from matrun.runner.environments.engine import EngineUnavailable, connect, engine
 from matrun.runner.environments.contexts import LABEL as IMAGE_LABEL, image_repository, recipe_hash
 from matrun.runner.environments.home import HARNESS_MOUNT, stage_harness
 from matrun.runner.executors.local import cell_environment, harness_command
+from matrun.runner.executors.energy import EnergyMonitor, MonitorPair
 from matrun.runner.executors.monitor_cgroup import CgroupMonitor
 from matrun.runner.executors.outcomes import RunAborted, error_tail, refused_outcome, run_status
 from matrun.runner.executors.protocol import RunOutcome, RunRequest, SyncExecutor
 from matrun.runner.executors.workers import host_refusal, write_plan
 from matrun.runner.harness.cpusets import parse_cpuset as cpuset_cpus
 from matrun.runner.slurm.epilog import CLUSTER_LABEL as SLURM_CLUSTER_LABEL, JOB_LABEL as SLURM_JOB_LABEL
-from matrun.warehouse.bundles.layout import MONITOR, RESULT, SCHEMA_VERSION, SPEC, STDERR, STDOUT
+from matrun.warehouse.bundles.layout import GPU, MONITOR, RESULT, SCHEMA_VERSION, SPEC, STDERR, STDOUT
 from matrun.warehouse.bundles.write import fsync_dir, tail_text, write_json_atomic
 
 if TYPE_CHECKING:
@@ -569,8 +570,9 @@ class DockerExecutor(SyncExecutor):
                     f"it stopped answering as the container was created (the engine at {self.url} answered "
                     f"again {back:.0f} s later); the cell did not run"), container, run_dir, owner, ref, started, t0)
             self._ask(container.reload)
-            monitor = CgroupMonitor(container.id, run_dir / MONITOR,
-                                    pid=container.attrs["State"].get("Pid")).start()
+            monitor = MonitorPair(CgroupMonitor(container.id, run_dir / MONITOR,
+                                                pid=container.attrs["State"].get("Pid")),
+                                  EnergyMonitor(run_dir / GPU, params)).start()
             exit_code, timed_out = self._wait(container, request.timeout)
             aggregates = monitor.stop()
             if exit_code in (128 + 9, 128 + 15) and not timed_out and not self._gaps:

@@ -1,4 +1,5 @@
-"""The local executor: the harness as a subprocess in the framework's virtual environment.
+"""The local executor: the harness as a subprocess in the framework's virtual environment, or
+in the site's own Python for a ``variant = "system"`` cell (``runner/environments/system.py``).
 
 This is the embedded default, used where no Docker engine answers.  Where a cell's
 timeout is enforced: ``_wait`` below kills the cell's whole process group.  The cell gets
@@ -17,17 +18,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from matrun.errors import InputError
 from matrun.frameworks import get_framework, host_env_prefixes
 from matrun.runner.environments.home import stage_harness
+from matrun.runner.environments.system import system_env_id, system_refusal
 from matrun.runner.environments.venvs import ensure_env, env_spec
+from matrun.runner.executors.energy import EnergyMonitor, MonitorPair
 from matrun.runner.executors.monitor import Monitor
 from matrun.runner.executors.outcomes import error_tail, refused_outcome, run_status
 from matrun.runner.executors.protocol import RunOutcome, RunRequest, SyncExecutor
 from matrun.runner.executors.workers import host_refusal, write_plan
 from matrun.runner.harness.distributed import MATRUN_ENV
 from matrun.runner.harness.launch import child_setup
+from matrun.runner.harness.spec import SYSTEM_VARIANT
 from matrun.runner.harness.cpusets import parse_cpuset as cpuset_cpus
-from matrun.warehouse.bundles.layout import MONITOR, SPEC, STDERR, STDOUT
+from matrun.warehouse.bundles.layout import GPU, MONITOR, SPEC, STDERR, STDOUT
 
 # Host variables that would change what runs in the cell; the cell gets only what we set.  The
 # frameworks' own prefixes are data: framework.toml [env] host_prefixes.
@@ -56,6 +61,7 @@ def cell_environment(params: Mapping[str, Any], pythonpath: Path,
     env.update(framework.environment(params))
     if params["device"] == "gpu":  # the first N GPUs; the host's own setting was dropped above
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(params["gpus"]))
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA counts GPUs as NVML does (the GPU monitor)
     return env
 
 
@@ -78,36 +84,50 @@ class LocalExecutor(SyncExecutor):
 
     def prepare(self, envs: set[tuple[str, str]], *, log: Callable[[str], None]) -> None:
         for framework, variant in sorted(envs):
-            ensure_env(framework, variant, log=log)
+            if variant != SYSTEM_VARIANT:  # the site's own Python is there already, probed by the plan
+                ensure_env(framework, variant, log=log)
         stage_harness()
 
     def refusal(self, params: Mapping[str, Any]) -> str | None:
-        """Why this executor cannot run the cell (``nodes`` > 1), or None; the sweep asks before
-        anything runs."""
-        return host_refusal(params, self.name)
+        """Why this executor cannot run the cell (``nodes`` > 1; the site's own Python too old
+        or without the framework), or None; the sweep asks before anything runs."""
+        reason = host_refusal(params, self.name)
+        if reason is None and params.get("variant") == SYSTEM_VARIANT:
+            reason = system_refusal(params["framework"], params["python"])
+        return reason
 
     def run(self, request: RunRequest) -> RunOutcome:
         params = request.params
         run_dir = request.run_dir
         started = datetime.now(timezone.utc)
-        refused = self.refusal(params) if request.plan is None else None
+        try:
+            refused = self.refusal(params) if request.plan is None else None
+            if not refused and params.get("variant") == SYSTEM_VARIANT:
+                refused = _install_changed(params, request.env_id)
+        except InputError as exc:  # the site's Python is gone since the plan, or no longer answers
+            refused = str(exc)
         if refused:
             return refused_outcome(run_dir, refused, started)
-        env = ensure_env(params["framework"], params["variant"])
+        if params.get("variant") == SYSTEM_VARIANT:
+            python = Path(params["python"])
+        else:
+            python = ensure_env(params["framework"], params["variant"]).python
         # A multi-worker cell: the harness launches its workers, all in one private network
         # namespace with only loopback (launch.py), as a container with no network would.  A
         # node of a multi-node cell comes with the plan its Slurm task wrote (the host's network).
         plan = request.plan if request.plan is not None else write_plan(run_dir, params, network="private")
         out_dir = request.log_dir or run_dir
         t0 = time.monotonic()
+        cell_env = cell_environment(params, stage_harness())
         with open(out_dir / STDOUT, "wb") as out, open(out_dir / STDERR, "wb") as err:
             proc = subprocess.Popen(
-                harness_command(env.python, run_dir, plan),
+                harness_command(python, run_dir, plan),
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=run_dir,
-                env=cell_environment(params, stage_harness()),
+                env=cell_env,
                 start_new_session=True, preexec_fn=child_setup(cpuset_cpus(params["cpuset"])),
             )
-            monitor = Monitor(proc.pid, out_dir / MONITOR).start()
+            monitor = MonitorPair(Monitor(proc.pid, out_dir / MONITOR),
+                                  EnergyMonitor(out_dir / GPU, params, cell_env)).start()
             try:
                 exit_code, timed_out = _wait(proc, request.timeout)
             except BaseException:  # Ctrl-C, SIGTERM turned into SystemExit: stop the cell first
@@ -127,6 +147,17 @@ class LocalExecutor(SyncExecutor):
             wall_seconds=round(wall, 3),
             monitor=aggregates,
         )
+
+
+def _install_changed(params: Mapping[str, Any], planned: str) -> str | None:
+    """Why a system cell does not run: the site's Python is no longer the install the sweep
+    planned it with (a package installed or removed since; on a Slurm node, another install at
+    the same path), or None."""
+    now = system_env_id(params["framework"], params["python"])
+    if now == planned:
+        return None
+    return (f"python = \"{params['python']}\" is no longer the install this cell was planned with "
+            f"(environment {planned}, now {now}: a package was installed or removed); plan the sweep again")
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> tuple[int | None, bool]:

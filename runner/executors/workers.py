@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from matrun.frameworks import Workers, get_framework
+from matrun.runner.environments.system import executor_refusal
 from matrun.runner.harness import distributed as dist
 from matrun.runner.harness.distributed import (  # noqa: F401  (re-exported for the executors)
     LOOPBACK, PLAN_FILE, WORKERS_DIR, multi_process, split_cpus, thread_share, world_size,
@@ -244,9 +245,10 @@ def write_node_plan(run_dir: Path, params: Mapping[str, Any], peers: Sequence[Ma
 
 def host_refusal(params: Mapping[str, Any], executor: str) -> str | None:
     """Why a one-host executor (local, docker) cannot run this cell, or None: ``nodes`` > 1
-    needs the slurm executor with its local runtime, which places the nodes' workers."""
+    needs the slurm executor with its local runtime, which places the nodes' workers; a
+    ``variant = "system"`` cell (the site's own Python) needs the local executor."""
     nodes = int(params.get("nodes") or 1)
     if nodes > 1:
         return (f"nodes = {nodes}: the {executor} executor runs a cell on one host; multi-node cells run "
                 'with --executor slurm and runtime = "local" in [slurm]')
-    return None
+    return executor_refusal(params, executor)  # the site's own Python: the local executor only

@@ -161,6 +161,7 @@ class EventLog:
             "diverged": diverged,
             "inference_seconds": None if training else inference_seconds,
             "peak_device_memory_bytes": peak_device_memory_bytes,
+            "images": sum(step[3] for step in self.steps),  # every step's, warm-up included (energy per image)
         }
         if training:
             fields.update(epochs_run=len(self.epochs), best_epoch=self.best_epoch(), stopped_early=False)

@@ -21,6 +21,7 @@ from typing import Any
 
 from .cpusets import format_cpuset, parse_cpuset
 from .distributed import single_process_env
+from .spec import SYSTEM_VARIANT
 
 # Basename prefixes of the math and threading libraries worth reporting.
 LIBRARY_PREFIXES = ("libmkl", "libiomp", "libgomp", "libomp", "libopenblas", "libblis",
@@ -452,7 +453,9 @@ def collect(framework: str, params: dict[str, Any], framework_probe: dict[str, A
     thread counts, switches and device) and ``mismatches``; the CPU affinity and the cpuset
     check are added here.  An adapter whose thread switch narrows the process's own CPU
     affinity (JAX: XLA sizes its pool from it) gives the affinity the cell started with as
-    ``cell_affinity``: the cpuset is checked against that one.
+    ``cell_affinity``: the cpuset is checked against that one.  A ``variant = "system"`` cell
+    (the site's own Python, which matrun did not build) also records its ``interpreter`` and
+    installed ``packages``.
     """
     cpus = affinity()
     mismatches = list(framework_probe.get("mismatches", []))
@@ -460,7 +463,7 @@ def collect(framework: str, params: dict[str, Any], framework_probe: dict[str, A
     given = framework_probe.get("cell_affinity") or cpus
     if asked and parse_cpuset(asked) != set(given):
         mismatches.append(f"cpuset: asked {format_cpuset(parse_cpuset(asked))}, in force {format_cpuset(given)}")
-    return {
+    fields = {
         "framework": framework,
         "framework_version": framework_probe.get("framework_version"),
         "python": platform.python_version(),
@@ -470,6 +473,34 @@ def collect(framework: str, params: dict[str, Any], framework_probe: dict[str, A
         "blas_loaded": blas_loaded(),
         "mismatches": mismatches,
     }
+    if params.get("variant") == SYSTEM_VARIANT:
+        fields.update(installed())
+    return fields
+
+
+def installed() -> dict[str, Any]:
+    """The interpreter this process runs in and its installed distributions, ``name==version``
+    as ``importlib.metadata`` lists them (sorted as the host's probe of the site's Python sorts
+    them, runner/environments/system.py), or null with the reason.  About 60 ms for a few dozen
+    distributions."""
+    out: dict[str, Any] = {"interpreter": {"executable": sys.executable, "prefix": os.path.realpath(sys.prefix),
+                                           "implementation": platform.python_implementation()}}
+    try:
+        from importlib import metadata
+
+        found = set()
+        for dist in metadata.distributions():
+            try:
+                name, version = dist.metadata["Name"], dist.version
+            except Exception:  # a damaged dist-info: left out, as the host's probe leaves it
+                continue
+            if name and version:
+                found.add(f"{name}=={version}")
+        out["packages"] = sorted(found, key=lambda d: (d.lower(), d))
+    except Exception as exc:  # fail soft: a broken distribution must not stop the run
+        out["packages"] = None
+        out["packages_error"] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 # --- the oneDNN check ------------------------------------------------------------------

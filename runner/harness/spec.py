@@ -15,7 +15,9 @@ integer, got "big"``.  Standard library only, like the rest of the harness.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -49,6 +51,12 @@ OPTIONAL = "optional"  # added after the first harness: absent, it means the def
 HOST_ONLY = "host"  # a host-side setting (the executor enforces it); the harness ignores it
 
 _VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}\Z")
+#: The variant of every framework that runs in the site's own Python (``python``), not in an
+#: environment matrun builds (runner/environments/system.py; docs/IMAGES.md "The site's own Python").
+SYSTEM_VARIANT = "system"
+#: The longest ``python`` path (Linux's PATH_MAX).
+MAX_INTERPRETER_BYTES = 4096
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _MEMORY = re.compile(r"^([0-9]{1,15})([kmg]?)b?\Z", re.I)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
@@ -155,6 +163,38 @@ def variant(value: Any) -> str:
     return value
 
 
+def interpreter(value: Any) -> str:
+    """The site's own Python of a ``variant = "system"`` cell: the absolute path of an
+    executable file, or "" (none: the variant's own environment).  A host-only key, so the
+    harness never checks it; the host's check looks at the file too (it must exist now: the
+    sweep probes it while planning)."""
+    what = 'expected the absolute path of a Python interpreter, such as "/usr/bin/python3"'
+    if not isinstance(value, str):
+        raise ParamError(f"{what}, got {show(value)}")
+    if value == "":
+        return value
+    if _CONTROL_CHARS.search(value):
+        raise ParamError(f"{what}, without control characters, got {show(value)}")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_INTERPRETER_BYTES:
+        raise ParamError(f"{what}, of at most {MAX_INTERPRETER_BYTES:,} bytes, got {show(value)}")
+    if not value.startswith("/"):
+        raise ParamError(f"{what} (a relative path would depend on where matrun runs), got {show(value)}")
+    path = f'"{value}"'  # in full: checked for control characters and length above
+    try:
+        info = os.stat(value)
+    except FileNotFoundError:
+        raise ParamError(f"{path}: no such file (expected the absolute path of a Python interpreter)") from None
+    except (OSError, ValueError) as exc:
+        raise ParamError(f"{path}: cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ParamError(f"{path} is a directory, not a Python interpreter (name its bin/python)")
+    if not stat.S_ISREG(info.st_mode):
+        raise ParamError(f"{path} is not a regular file, not a Python interpreter")
+    if not os.access(value, os.X_OK):
+        raise ParamError(f"{path} is not executable, not a Python interpreter")
+    return value
+
+
 def memory(value: Any) -> int:
     """Bytes, from an integer or a string such as "512m" / "2g" (binary units, as Docker's)."""
     if isinstance(value, bool):
@@ -208,7 +248,12 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
     # The host's default is the framework.toml that says ``default = true`` (the harness cannot
     # read images/; spec.json always names the framework).
     Param("framework", text, "", "framework adapter (runner/harness/adapters/<framework>.py)"),
-    Param("variant", variant, "cpu", "environment variant of the framework (images/<framework>/requirements-<variant>.txt)"),
+    Param("variant", variant, "cpu", "environment variant of the framework (images/<framework>/requirements-<variant>.txt), "
+                                     'or "system": the site\'s own Python, named by python'),
+    Param("python", interpreter, "",
+          'the site\'s own Python a variant = "system" cell runs in (an absolute path); its environment id '
+          "comes from a probe of that interpreter, so the path itself is not part of the identity",
+          identity=False, in_spec=HOST_ONLY),
     Param("device", Choice(DEVICES), "cpu", "device the cell runs on"),
     Param("gpus", integer(1, 64), 1, "GPUs used by a gpu cell (single-host data parallel)"),
     Param("workers", integer(1, MAX_WORKERS), 1,
@@ -374,6 +419,19 @@ def layer_profile_problem(params: Mapping[str, Any]) -> str | None:
     blocks), as the words after the key, or None."""
     if params["layer_profile"] and params["model"] not in sequential_models():
         return f"needs a sequential network ({', '.join(sequential_models())}), not {params['model']}"
+    return None
+
+
+def interpreter_problem(params: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``variant = "system"`` and ``python`` go together: (key, the words after it), or None.
+    The host refuses the one without the other at plan time (``matrix.py: canonical``)."""
+    system = params.get("variant") == SYSTEM_VARIANT
+    if system and not params.get("python"):
+        return ("python", 'is missing: a variant = "system" cell runs in the site\'s own Python, named by '
+                          'python = "/absolute/path/to/python"')
+    if params.get("python") and not system:
+        return ("python", f'is only for variant = "system" (the site\'s own Python); variant '
+                          f'{show(params.get("variant"))} runs in the environment matrun builds for it')
     return None
 
 

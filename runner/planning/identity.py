@@ -1,8 +1,8 @@
 """Cells with identities: a cell's id hashes its canonical identity parameters together with
 the identity of its environment.
 
-Changing a parameter or the environment (pins, Python, harness protocol) therefore gives a
-new id, and the sweep re-runs exactly that.  The ids of every cell of matrix.toml and of the
+Changing a parameter or the environment (pins, Python, harness protocol; for the site's own
+Python, what its probe finds) therefore gives a new id, and the sweep re-runs exactly that.  The ids of every cell of matrix.toml and of the
 studies are pinned by tests/golden/cell_ids.json.
 """
 
@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from matrun.runner.environments.system import system_env_id
+from matrun.runner.harness.spec import SYSTEM_VARIANT
 from matrun.runner.planning.matrix import CellParams, Matrix
 
 
@@ -33,9 +35,23 @@ def cell_id(identity: dict[str, Any], env_id: str) -> str:
 
 
 def plan_cells(matrix: Matrix, env_id_of: Callable[[str, str], str]) -> list[PlannedCell]:
-    """Attach identities; ``env_id_of(framework, variant)`` comes from the executor."""
+    """Attach identities; ``env_id_of(framework, variant)`` comes from the executor.
+
+    A ``variant = "system"`` cell's environment is the site's own Python, whichever executor
+    is asked: its id comes from a probe of the interpreter (``environments/system.py``), so
+    two ``python`` paths to the same install are one environment, and the cell is planned once.
+    """
     planned = []
+    system_cells: set[str] = set()
     for cell in matrix.cells:
-        env = env_id_of(cell.values["framework"], cell.values["variant"])
-        planned.append(PlannedCell(cell, cell_id(cell.identity, env), env))
+        values = cell.values
+        if values["variant"] != SYSTEM_VARIANT:
+            env = env_id_of(values["framework"], values["variant"])
+            planned.append(PlannedCell(cell, cell_id(cell.identity, env), env))
+            continue
+        env = system_env_id(values["framework"], values["python"])
+        cid = cell_id(cell.identity, env)
+        if cid not in system_cells:  # another path to an install already planned: the same cell
+            system_cells.add(cid)
+            planned.append(PlannedCell(cell, cid, env))
     return planned

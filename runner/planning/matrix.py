@@ -25,7 +25,9 @@ from typing import Any, Iterator, Mapping
 
 from matrun.errors import MatrixError
 from matrun.frameworks import display_name, get_framework, parameter_server_frameworks
-from matrun.runner.harness.spec import knob_problem, layer_profile_problem, unused_keys
+from matrun.runner.harness.spec import (
+    SYSTEM_VARIANT, interpreter_problem, knob_problem, layer_profile_problem, unused_keys,
+)
 from matrun.runner.planning.params import PARAMS, ParamError, plain, show
 from matrun.runner.planning.presets import apply_preset
 from matrun.runner.slurm.settings import SlurmSettings, parse_slurm_section
@@ -59,6 +61,26 @@ _PROFILE = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
+#: ``[sweep] canary``: at most this many runs between two canary runs, at most this many
+#: ``where`` selectors of the reference cell, each at most this long.
+MAX_CANARY_EVERY = 100_000
+MAX_CANARY_WHERE = 32
+MAX_CANARY_WHERE_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class CanarySettings:
+    """``[sweep] canary`` (docs/MATRIX.md "Drift canary"): a run of one reference cell at the
+    start of the sweep, after every ``every`` of its runs and at its end, to track the
+    machine's drift (runner/sweep/canary.py)."""
+
+    every: int | None = None
+    """Runs between two canary runs; None: about eight intervals over the runs to do."""
+    where: tuple[str, ...] = ()
+    """``KEY=VALUE[,VALUE…]`` selectors (as ``--where``) of the reference cell, the first cell
+    of the matrix they match; (): the first cell the sweep runs."""
+
+
 @dataclass(frozen=True)
 class SweepSettings:
     name: str = "default"
@@ -69,6 +91,7 @@ class SweepSettings:
     timeout: float = 1800.0
     executor: str = "auto"
     max_cells: int = DEFAULT_MAX_CELLS
+    canary: CanarySettings | None = None  # [sweep] canary; None: no canary runs
 
 
 @dataclass(frozen=True)
@@ -372,10 +395,13 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
     if knob:
         raise ParamError(f"{knob[0]} {knob[1]}")
     fw = get_framework(out["framework"])
-    if out["variant"] not in fw.variants:
+    system = interpreter_problem(out)  # variant = "system" (the site's own Python) needs python
+    if system:
+        raise ParamError(f"{system[0]} {system[1]}")
+    if out["variant"] not in fw.variants and out["variant"] != SYSTEM_VARIANT:
         raise ParamError(f"{out['framework']} has no variant \"{out['variant']}\"; known: "
                          f"{', '.join(fw.variants)} (images/{out['framework']}/framework.toml)")
-    if out["device"] == "gpu" and fw.variants[out["variant"]].device != "gpu":
+    if out["device"] == "gpu" and out["variant"] in fw.variants and fw.variants[out["variant"]].device != "gpu":
         raise ParamError(f"variant \"{out['variant']}\" of {out['framework']} is a CPU build; a gpu cell needs "
                          f"one of: {', '.join(v for v, d in fw.variants.items() if d.device == 'gpu') or 'none'}")
     reason = fw.refusal(out)
@@ -462,12 +488,64 @@ def _parse_sweep(raw: Any, errors: _Errors, *, base: Path) -> SweepSettings:
                 errors.add(where, f"expected a positive integer at most {MAX_CELLS_CEILING:,}, got {show(value)}")
             else:
                 kw["max_cells"] = value
+        elif key == "canary":
+            kw["canary"] = _parse_canary(value, errors)
         else:
             errors.add(where, "unknown key; expected one of name, results, warehouse, data_dir, "
-                              "repeats, timeout, executor, max_cells")
+                              "repeats, timeout, executor, max_cells, canary")
     kw.setdefault("results", base / "results")
     kw.setdefault("warehouse", base / "matrun.duckdb")
     return SweepSettings(**kw)
+
+
+def _parse_canary(value: Any, errors: _Errors) -> CanarySettings | None:
+    """``[sweep] canary``: true / false, or a table of ``every`` and ``where`` (canary on)."""
+    where = ("sweep", "canary")
+    if isinstance(value, bool):
+        return CanarySettings() if value else None
+    if not isinstance(value, dict):
+        errors.add(where, "expected true, false or a table of every and where "
+                          f"(e.g. {{ every = 10, where = [\"threads=1\"] }}), got {show(value)}")
+        return None
+    kw: dict[str, Any] = {}
+    for key, item in value.items():
+        if key == "every":
+            if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= MAX_CANARY_EVERY:
+                errors.add((*where, key), f"expected a number of runs from 1 to {MAX_CANARY_EVERY:,}, "
+                                          f"got {show(item)}")
+            else:
+                kw["every"] = item
+        elif key == "where":
+            selectors = _canary_where(item, errors)
+            if selectors is not None:
+                kw["where"] = selectors
+        else:
+            errors.add((*where, key), "unknown key; expected every or where")
+    return CanarySettings(**kw)
+
+
+def _canary_where(value: Any, errors: _Errors) -> tuple[str, ...] | None:
+    """``[sweep] canary.where``: one ``KEY=VALUE[,VALUE…]`` or a list of them, as ``--where``
+    takes them (KEY a parameter or ``cell``, an id prefix)."""
+    where = ("sweep", "canary", "where")
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_CANARY_WHERE:
+        errors.add(where, f"expected KEY=VALUE[,VALUE…] or a list of 1 to {MAX_CANARY_WHERE} of them, "
+                          f"got {show(value)}")
+        return None
+    good = True
+    for i, item in enumerate(items):
+        at = where if isinstance(value, str) else (*where, i)
+        key, sep, values = item.partition("=") if isinstance(item, str) else ("", "", "")
+        if (not isinstance(item, str) or len(item) > MAX_CANARY_WHERE_CHARS or _CONTROL.search(item)
+                or not sep or not key.strip() or not values.strip()):
+            errors.add(at, f"expected KEY=VALUE[,VALUE…] (e.g. \"threads=1\"), got {show(item)}")
+            good = False
+        elif key.strip() != "cell" and key.strip() not in PARAMS:
+            errors.add(at, f"unknown parameter {show(key.strip())}; expected cell or a parameter of "
+                           "docs/MATRIX.md")
+            good = False
+    return tuple(items) if good else None
 
 
 def _path(value: Any, base: Path) -> tuple[Path | None, str | None]:

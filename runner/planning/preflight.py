@@ -23,6 +23,19 @@ def resolve_data_dir(matrix: Matrix) -> Path:
 
 def preflight(cells: Sequence[PlannedCell], data_dir: Path) -> None:
     """Host checks that would otherwise fail every cell: data present, CPUs that exist."""
+    preflight_cpus(cells)
+    gpus_here = host_gpus()
+    for pc in cells:
+        asked = pc.cell.values["gpus"] or 0
+        if pc.cell.values["device"] == "gpu" and asked > gpus_here:
+            raise MatrunError(f"cell {pc.cell.label}: asks for {asked} GPU(s); this host has {gpus_here} "
+                              "(counted as /dev/nvidia<N> devices); run it on a GPU host or use device = \"cpu\"")
+    preflight_data(cells, data_dir)
+
+
+def preflight_cpus(cells: Sequence[PlannedCell]) -> None:
+    """Every CPU the cells' cpusets name is one this process may run on (``InputError``, naming
+    the first cell that asks for others)."""
     available = os.sched_getaffinity(0)
     for pc in cells:
         v = pc.cell.values
@@ -31,13 +44,6 @@ def preflight(cells: Sequence[PlannedCell], data_dir: Path) -> None:
             raise InputError(f"cell {pc.cell.label}: cpuset {v['cpuset']!r} names CPUs this host "
                              f"does not offer ({', '.join(map(str, sorted(missing)))}); "
                              f"available: {', '.join(map(str, sorted(available)))}")
-    gpus_here = host_gpus()
-    for pc in cells:
-        asked = pc.cell.values["gpus"] or 0
-        if pc.cell.values["device"] == "gpu" and asked > gpus_here:
-            raise MatrunError(f"cell {pc.cell.label}: asks for {asked} GPU(s); this host has {gpus_here} "
-                              "(counted as /dev/nvidia<N> devices); run it on a GPU host or use device = \"cpu\"")
-    preflight_data(cells, data_dir)
 
 
 def preflight_study(matrix: Matrix, cells: Sequence[PlannedCell]) -> None:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from matrun.errors import InputError
+from matrun.runner.environments.system import executor_refusal
 from matrun.runner.executors.docker import DockerExecutor
 from matrun.runner.executors.local import LocalExecutor
 from matrun.runner.executors.protocol import AsyncExecutor, PreparedRun
@@ -151,6 +152,9 @@ class SlurmExecutor(AsyncExecutor):
 
     def refusal(self, params: Mapping[str, Any]) -> str | None:
         """Why this executor cannot run the cell, or None (the sweep asks before anything is submitted)."""
+        system = executor_refusal(params, 'slurm (runtime "docker")')  # the site's own Python: local only
+        if system and self.settings.runtime == "docker":
+            return system
         nodes = params.get("nodes")
         if isinstance(nodes, int) and nodes > 1 and self.settings.runtime == "docker":
             return (f"nodes = {nodes}: with runtime \"docker\" each task runs its cell in a container without "

@@ -43,7 +43,7 @@ from matrun.runner.executors.workers import NODES_DIR, exchange_peers, write_nod
 from matrun.runner.slurm.executor import task_params
 from matrun.runner.slurm.jobs import TASK_RECORD
 from matrun.runner.slurm.state import node_address
-from matrun.runner.sweep.records import host_info, write_result
+from matrun.runner.sweep.records import host_info, with_state, write_result
 from matrun.warehouse.bundles.layout import SPEC, STDERR, STDOUT, RunKey
 from matrun.warehouse.bundles.write import write_json_atomic
 
@@ -106,7 +106,8 @@ def _main(args: list[str]) -> int:
     }
     write_json_atomic(node_dir / TASK_RECORD, record)
     try:
-        return _run(run_dir, spec, key, host, runtime=runtime, node_rank=node_rank, node_dir=node_dir)
+        return _run(run_dir, spec, key, with_state(host, spec["params"]), runtime=runtime, node_rank=node_rank,
+                    node_dir=node_dir)
     except Stopped as stop:
         _remove_leftovers(key)
         record.update(stopped_at=datetime.now(timezone.utc).isoformat(), signal=signal.Signals(stop.signum).name)

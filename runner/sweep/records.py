@@ -31,9 +31,12 @@ import psutil
 
 import matrun
 from matrun.errors import InputError, MatrunError, SweepLocked
+from matrun.runner.executors.gpu import host_gpu_facts
 from matrun.runner.executors.protocol import RunOutcome
+from matrun.runner.harness.cpusets import parse_cpuset
 from matrun.runner.planning.identity import PlannedCell
 from matrun.runner.planning.matrix import Matrix
+from matrun.runner.sweep.machine import machine_state
 from matrun.warehouse.bundles.layout import RESULT, SCHEMA_VERSION, SPEC, RunKey, parse_run_dir_name
 from matrun.warehouse.bundles.write import next_attempt, write_json_atomic
 from matrun.warehouse.bundles.read import loads
@@ -130,8 +133,9 @@ def path_error(exc: OSError, path: Path | str | None = None) -> MatrunError:
 
 
 def prepare_run(matrix: Matrix, pc: PlannedCell, repeat: int, earlier_attempt: int,
-                data_dir: Path) -> tuple[RunKey, Path]:
-    """The run's new attempt directory with its spec.json.
+                data_dir: Path, *, canary: int | None = None) -> tuple[RunKey, Path]:
+    """The run's new attempt directory with its spec.json (``canary``: a canary run's number
+    within its sweep, written as spec.json ``canary``; runner/sweep/canary.py).
 
     Attempts are numbered per results directory: one more than the highest attempt of the
     (cell, repeat) in any sweep's folder there (``next_attempt``) and than ``earlier_attempt``,
@@ -151,6 +155,7 @@ def prepare_run(matrix: Matrix, pc: PlannedCell, repeat: int, earlier_attempt: i
             "schema_version": SCHEMA_VERSION, "sweep": key.sweep, "cell_id": key.cell_id,
             "repeat": key.repeat, "attempt": key.attempt, "env_id": pc.env_id,
             "data_dir": str(data_dir), "params": pc.params,
+            **({"canary": canary} if canary is not None else {}),
         })
     except BaseException:
         try:  # still empty: nothing ran, nothing to keep
@@ -326,7 +331,7 @@ def host_info() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    return {
+    info = {
         "hostname": socket.gethostname(),
         "cpu_model": cpu_model,
         "cpu_count": os.cpu_count(),
@@ -335,3 +340,18 @@ def host_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "matrun_version": matrun.__version__,
     }
+    gpu = host_gpu_facts()  # driver, CUDA driver version, each GPU (model, memory, MIG / ECC); NVML hosts only
+    if gpu is not None:
+        info["gpu"] = gpu
+    return info
+
+
+def with_state(host: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """``host`` with the machine's state just before a run of ``params`` starts (``host.state``:
+    runner/sweep/machine.py), measured on the cell's CPUs."""
+    try:
+        cpus = parse_cpuset(params["cpuset"]) if params.get("cpuset") else None
+        state: dict[str, Any] = machine_state(cpus or None)
+    except (ValueError, OSError, psutil.Error) as exc:  # never a reason for a run not to run
+        state = {"error": f"{type(exc).__name__}: {exc}"}
+    return {**host, "state": state}

@@ -18,7 +18,9 @@ there is space, goes on from there.
 The loop follows the executor's kind (``runner/executors/protocol.py``).  A ``SyncExecutor``
 (local, docker) runs one cell at a time here.  An ``AsyncExecutor`` (slurm) gets every run at
 once and is waited on by the asynchronous loop, ``runner/slurm/loop.py``; runs already queued or
-running from an earlier (detached) sweep are waited for, never submitted again.
+running from an earlier (detached) sweep are waited for, never submitted again.  With
+``[sweep] canary`` the synchronous loop also runs the canary's reference cell at the start, at
+intervals and at the end (``runner/sweep/canary.py``); the slurm executor refuses a canary.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from matrun.errors import InputError, MatrunError, SweepLocked
 from matrun.runner.executors.outcomes import RunAborted, cancelled_outcome
 from matrun.runner.executors.protocol import AsyncExecutor, Executor, RunOutcome, RunRequest, SyncExecutor
 from matrun.runner.executors.registry import get_executor, reap_orphans
+from matrun.runner.harness.cpusets import parse_cpuset
 from matrun.runner.planning.history import done_runs, durations
 from matrun.runner.planning.identity import PlannedCell, plan_cells
 from matrun.runner.planning.preflight import preflight, preflight_data, preflight_study, resolve_data_dir
@@ -41,8 +44,11 @@ from matrun.runner.planning.matrix import Matrix, load_matrix
 from matrun.runner.slurm.loop import run_async
 from matrun.runner.sweep.records import (
     INGEST_WAIT_S, RunClaim, SubmitClaim, SweepEvent, SweepStopped, SweepSummary, host_info, ingest_quietly, ok_runs_on_disk,
-    path_error, prepare_run, sweep_lock, write_result,
+    path_error, prepare_run, sweep_lock, with_state, write_result,
 )
+from matrun.runner.sweep.canary import SLURM_REFUSAL, Canary, reference_cell, schedule
+from matrun.runner.sweep.machine import noise_warnings
+from matrun.warehouse.bundles.layout import CANARY_REPEAT
 from matrun.warehouse.bundles.read import load_bundle
 from matrun.warehouse.ingest import ingest
 
@@ -87,14 +93,17 @@ def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor
     emit(SweepEvent("message", picked))
     every_cell = plan_cells(matrix, runner.env_id)
     cells = select(every_cell, filters)
+    canary_cell = _canary_cell(matrix, runner, every_cell, cells)  # [sweep] canary's cell, or None
+    extra_cell = canary_cell is not None and canary_cell.cell_id not in {pc.cell_id for pc in cells}
+    checked = [*cells, canary_cell] if extra_cell else cells  # the canary's cell is checked too
     data_dir = resolve_data_dir(matrix)
     if isinstance(runner, AsyncExecutor):  # cpusets and GPUs are the nodes', not this host's
         preflight_data(cells, data_dir)
     else:
         preflight_study(matrix, cells)
-        preflight(cells, data_dir)
-    _check_enforced(cells, runner)
-    _check_refusals(cells, runner)
+        preflight(checked, data_dir)
+    _check_enforced(checked, runner)
+    _check_refusals(checked, runner)
     summary = SweepSummary(sweep=matrix.sweep.name, executor=runner.name)
     sweep_dir = matrix.sweep.results / matrix.sweep.name
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +112,7 @@ def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor
         try:
             if matrix.study is not None:
                 record_study(matrix, every_cell)
-            return _locked(runner, matrix, cells, data_dir, force, detach, summary, emit)
+            return _locked(runner, matrix, cells, data_dir, force, detach, summary, emit, canary_cell=canary_cell)
         except SweepLocked:
             raise
         except OSError as exc:  # a full disk, a path the system refuses: what ran is kept
@@ -115,10 +124,11 @@ def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor
 
 
 def _locked(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], data_dir: Path, force: bool,
-            detach: bool, summary: SweepSummary, emit: Callable[[SweepEvent], None]) -> SweepSummary:
+            detach: bool, summary: SweepSummary, emit: Callable[[SweepEvent], None], *,
+            canary_cell: PlannedCell | None = None) -> SweepSummary:
     """The sweep, under its lock: catch up, plan what is left, run it."""
     if not isinstance(runner, AsyncExecutor):
-        return _planned(runner, matrix, cells, data_dir, force, detach, summary, emit)
+        return _planned(runner, matrix, cells, data_dir, force, detach, summary, emit, canary_cell=canary_cell)
     # Slurm: choose and submit under the results directory's submit claim (released as soon as
     # this sweep's submissions are recorded), so a run another sweep has queued is not submitted again.
     claim = SubmitClaim(matrix.sweep.results, matrix.sweep.name)
@@ -160,7 +170,7 @@ def _claimed_elsewhere(matrix: Matrix, todo: Sequence[tuple[PlannedCell, int]]) 
 
 def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], data_dir: Path, force: bool,
              detach: bool, summary: SweepSummary, emit: Callable[[SweepEvent], None], *,
-             submit_claim: SubmitClaim | None = None) -> SweepSummary:
+             submit_claim: SubmitClaim | None = None, canary_cell: PlannedCell | None = None) -> SweepSummary:
     sweep_dir = matrix.sweep.results / matrix.sweep.name
     jobs = None
     in_flight: set[tuple[str, int]] = set()
@@ -195,11 +205,16 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
     summary.in_flight = len(in_flight)  # all of them are waited for, selected by --where or not
     summary.skipped_done = summary.planned - len(todo) - len(in_flight & selected) - len(queued)
     known = durations(matrix.sweep.warehouse)
-    estimate = _estimate(todo, known)
+    canary = schedule(matrix.sweep.canary, canary_cell, len(todo))  # None: no canary runs
+    extra = [(canary.cell, CANARY_REPEAT)] * canary.count if canary else []
+    estimate = _estimate(todo + extra, known)
     waiting = f", {summary.in_flight} already queued or running in Slurm" if summary.in_flight else ""
     waiting += f", {len(queued)} queued by other sweeps" if queued else ""
+    if canary is not None:
+        after = "after every run" if canary.every == 1 else f"after every {canary.every} runs"
+        waiting += f"; {canary.count} canary runs of cell {canary.cell.cell_id}: at the start, {after} and at the end"
     emit(SweepEvent("plan", f"{len(todo)} runs to do, {summary.skipped_done} already done{waiting}",
-                    total=len(todo) + (0 if detach else summary.in_flight), estimate_s=estimate))
+                    total=len(todo) + len(extra) + (0 if detach else summary.in_flight), estimate_s=estimate))
     if isinstance(runner, AsyncExecutor):
         assert jobs is not None
         return run_async(runner, jobs, matrix, todo, done, data_dir, summary, emit, detach=detach,
@@ -208,11 +223,15 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
     assert isinstance(runner, SyncExecutor)
     if not todo:
         return summary
-    runner.prepare({(pc.params["framework"], pc.params["variant"]) for pc, _ in todo},
+    runner.prepare({(pc.params["framework"], pc.params["variant"]) for pc, _ in [*todo, *extra]},
                    log=lambda text: emit(SweepEvent("message", text)))
+    for warning in noise_warnings(_cells_cpus(todo)):  # told, never changed (docs/EXECUTORS.md "Noise")
+        emit(SweepEvent("message", f"Warning: {warning}"))
     host = host_info()
     later: list[tuple[PlannedCell, int, RunClaim]] = []
-    for pc, repeat in todo:
+    for index, (pc, repeat) in enumerate(todo):
+        if canary is not None and canary.due(index):
+            _run_canary(runner, matrix, canary, done, data_dir, host, summary, emit)
         claim = RunClaim(matrix.sweep.results, pc.cell_id, repeat, matrix.sweep.name)
         if claim.take(wait=False):
             _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit)
@@ -226,6 +245,8 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
                                        f"repeat {repeat} …"))
             claim.take(wait=True)
         _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit)
+    if canary is not None:  # the last canary run, after every run of the sweep
+        _run_canary(runner, matrix, canary, done, data_dir, host, summary, emit)
     return summary
 
 
@@ -246,6 +267,12 @@ def _run_claimed(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: 
         outcome, run_dir = _run_one(runner, matrix, pc, repeat, earlier, data_dir, host, summary)
     finally:
         claim.release()
+    _ended(pc, repeat, outcome, run_dir, summary, emit)
+
+
+def _ended(pc: PlannedCell, repeat: int, outcome: RunOutcome, run_dir: Path, summary: SweepSummary,
+           emit: Callable[[SweepEvent], None]) -> None:
+    """Count a recorded run and say how it ended; stop the sweep when it failed on a full disk."""
     summary.count(outcome.status)
     emit(SweepEvent("run-end", cell=pc, repeat=repeat, outcome=outcome))
     if outcome.status != "ok" and _out_of_space(run_dir, outcome):
@@ -254,14 +281,46 @@ def _run_claimed(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: 
             "finished run is kept; free some space and run the sweep again)"), summary)
 
 
+# -- the drift canary ([sweep] canary, runner/sweep/canary.py) --------------------------------
+
+
+def _canary_cell(matrix: Matrix, runner: Executor, every_cell: Sequence[PlannedCell],
+                 cells: Sequence[PlannedCell]) -> PlannedCell | None:
+    """The canary's reference cell (None without ``[sweep] canary``); the slurm executor
+    refuses a canary before anything runs."""
+    if matrix.sweep.canary is None:
+        return None
+    if isinstance(runner, AsyncExecutor):
+        raise InputError(SLURM_REFUSAL)
+    return reference_cell(matrix.sweep.canary, matrix.path, every_cell, cells)
+
+
+def _run_canary(runner: SyncExecutor, matrix: Matrix, canary: Canary,
+                done: dict[tuple[str, int], dict[str, Any]], data_dir: Path, host: dict[str, Any],
+                summary: SweepSummary, emit: Callable[[SweepEvent], None]) -> None:
+    """One canary run: a new attempt of the reference cell's ``CANARY_REPEAT``, run, recorded,
+    ingested and counted like any run.  No claim: no sweep runs that repeat as a repeat, and
+    its attempt is chosen under the results directory's lock like every run's."""
+    pc, number = canary.cell, canary.next()
+    emit(SweepEvent("message", f"canary run {number} of {canary.count}: cell {pc.cell_id} ({pc.cell.label})"))
+    emit(SweepEvent("run-start", cell=pc, repeat=CANARY_REPEAT))
+    earlier = done.get((pc.cell_id, CANARY_REPEAT), {}).get("max_attempt") or 0
+    outcome, run_dir = _run_one(runner, matrix, pc, CANARY_REPEAT, earlier, data_dir, host, summary,
+                                canary=number)
+    _ended(pc, CANARY_REPEAT, outcome, run_dir, summary, emit)
+
+
 def _run_one(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: int, earlier_attempt: int,
-             data_dir: Path, host: dict[str, Any], summary: SweepSummary) -> tuple[RunOutcome, Path]:
+             data_dir: Path, host: dict[str, Any], summary: SweepSummary, *,
+             canary: int | None = None) -> tuple[RunOutcome, Path]:
     """Run one attempt: its directory, the executor, ``result.json``, the ingest.  An
-    ``OSError`` (a full disk) is raised after recording what can still be recorded."""
-    key, run_dir = prepare_run(matrix, pc, repeat, earlier_attempt, data_dir)
+    ``OSError`` (a full disk) is raised after recording what can still be recorded.
+    ``canary``: a canary run's number (spec.json ``canary``)."""
+    key, run_dir = prepare_run(matrix, pc, repeat, earlier_attempt, data_dir, canary=canary)
     params = pc.params
     request = RunRequest(run_dir=run_dir, params=params, env_id=pc.env_id,
                          timeout=params["timeout"], data_dir=data_dir)
+    host = with_state(host, params)  # the machine just before this run: busy? (runner/sweep/machine.py)
     try:
         outcome = runner.run(request)
     except OSError as exc:  # the executor could not write the cell's files: nothing runs
@@ -280,6 +339,16 @@ def _run_one(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: int,
     write_result(key, run_dir, pc.env_id, runner.name, host, outcome)  # an OSError: no result, run again later
     ingest_quietly([run_dir], matrix.sweep.warehouse, summary)
     return outcome, run_dir
+
+
+def _cells_cpus(todo: Sequence[tuple[PlannedCell, int]]) -> set[int] | None:
+    """The CPUs the cells to run will use: their cpusets' union, None (all) when one has none."""
+    cpus: set[int] = set()
+    for pc, _ in todo:
+        if not pc.params.get("cpuset"):
+            return None
+        cpus |= set(parse_cpuset(pc.params["cpuset"]))
+    return cpus
 
 
 def _record(key: Any, run_dir: Path, env_id: str, executor: str, host: dict[str, Any],

@@ -21,11 +21,19 @@ STATUSES = ("ok", "failed", "timeout", "oom", "cancelled")
 SPEC = "spec.json"  # what to run: written first, its presence makes a directory a bundle
 EVENTS = "events.jsonl"  # what the harness measured
 MONITOR = "monitor.jsonl"  # the host's CPU and memory samples
+GPU = "gpu.jsonl"  # the host's NVML samples of the cell's GPUs (gpu cells on a host with NVML only)
 STDOUT = "stdout.log"
 STDERR = "stderr.log"
 RESULT = "result.json"  # how the run ended: written last, its presence marks a finished run
 
 _RUN_DIR = re.compile(r"^(\d+)-(\d+)\Z")
+
+#: The repeat of a canary run (``[sweep] canary``, docs/MATRIX.md): a run of a sweep's reference
+#: cell made to track the machine's drift, never one of the cell's repeats (a sweep has at most
+#: 1,000, numbered from 0), so the done-ness of a (cell, repeat) and the cell's statistics never
+#: see it; its attempts number the canary runs of the cell.  The views know it as
+#: ``canary_repeat()`` (warehouse/views/_macros.sql).
+CANARY_REPEAT = 1_000_000
 
 
 def run_dir_name(repeat: int, attempt: int) -> str:

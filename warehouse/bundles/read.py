@@ -48,7 +48,7 @@ import pyarrow.compute as pc
 
 from matrun.errors import BundleError, InputError
 from matrun.warehouse.bundles.layout import (
-    EVENTS, MONITOR, RESULT, SCHEMA_VERSION, SPEC, STATUSES, RunKey, run_dir_name,
+    EVENTS, GPU, MONITOR, RESULT, SCHEMA_VERSION, SPEC, STATUSES, RunKey, run_dir_name,
 )
 
 #: No JSON-lines file of a bundle (events.jsonl, monitor.jsonl) may be larger than this; a
@@ -68,8 +68,11 @@ INT32 = (-(2**31), 2**31 - 1)
 #: (the JSON columns: DuckDB reads their numbers as 64-bit).
 INT64 = (-(2**63), 2**63 - 1)
 
-#: Files whose bytes make up a bundle's digest, in this order.
+#: Files whose bytes make up a bundle's digest, in this order; and the optional ones, which
+#: enter the digest (and the signature) only when present, so the bundles written before them
+#: keep theirs.
 DIGEST_FILES = (SPEC, EVENTS, MONITOR, RESULT)
+OPTIONAL_FILES = (GPU,)
 #: JSON-lines files are read this many bytes at a time (a block ends at a line's end; a longer
 #: line makes a longer block).
 BLOCK_BYTES = 16 * 2**20
@@ -87,7 +90,13 @@ _RESULT_KEYS: _Spec = {"sweep": "str", "cell_id": "str", "repeat": "int", "attem
                        "wall_seconds": "num?", "host": "obj?", "monitor": "obj?"}
 _MONITOR_KEYS: _Spec = {"interval_s": "num?", "samples": "int?", "cpu_user_avg": "num?",
                         "cpu_system_avg": "num?", "cpu_total_avg": "num?", "iowait_avg": "num?",
-                        "rss_avg_bytes": "num?", "rss_peak_bytes": "int64?"}
+                        "rss_avg_bytes": "num?", "rss_peak_bytes": "int64?",
+                        # the GPU and energy monitor's (runner/executors/energy.py)
+                        "gpu_count": "int?", "gpu_samples": "int?", "gpu_util_avg": "num?",
+                        "gpu_mem_used_peak_bytes": "int64?", "gpu_power_avg_w": "num?",
+                        "gpu_energy_j": "num?", "gpu_energy_source": "str?", "gpu_throttled": "bool?",
+                        "gpu_throttle_reasons": "list?", "cpu_energy_j": "num?",
+                        "cpu_energy_source": "str?", "energy_note": "str?"}
 # The cell parameters a view casts to INTEGER (the others it reads with TRY_CAST).
 _PARAMS_KEYS: _Spec = {"batch_size": "int?"}
 # The probe's list a view casts to a JSON array.
@@ -105,6 +114,9 @@ _LAYER_KEYS: _Spec = {"name": "str", "kind": "str", "index": "int?", "forward_se
                       "flops": "int64?"}
 _SAMPLE_KEYS: _Spec = {"t": "num", "cpu_user": "num?", "cpu_system": "num?", "iowait": "num?",
                        "rss_bytes": "int64?", "nprocs": "int?"}
+_GPU_KEYS: _Spec = {"t": "num", "gpu": "int", "util": "num?", "mem_util": "num?",
+                    "mem_used_bytes": "int64?", "power_w": "num?", "energy_j": "num?",
+                    "sm_clock_mhz": "int?", "mem_clock_mhz": "int?", "temp_c": "num?", "throttle": "int64?"}
 _PHASES = ("warmup", "timed")
 
 
@@ -154,6 +166,8 @@ class Bundle:
     summary: dict[str, Any] | None = None
     monitor_header: dict[str, Any] = field(default_factory=dict)
     monitor_samples: Rows = field(default_factory=list)
+    gpu_header: dict[str, Any] = field(default_factory=dict)
+    gpu_samples: Rows = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -187,7 +201,8 @@ def find_bundles(root: Path | str) -> Iterator[Path]:
 def bundle_signature(directory: Path | str) -> str:
     """What a bundle's files are, from their metadata alone (nothing is read): for each of
     spec.json, events.jsonl, monitor.jsonl and result.json, ``name:size:mtime_ns:inode:ctime_ns``
-    (links not followed), or ``name:absent`` when it cannot be stat'ed; joined by ``;``.  A
+    (links not followed), or ``name:absent`` when it cannot be stat'ed, then the same of each
+    optional file present (gpu.jsonl); joined by ``;``.  A
     file rewritten, replaced or touched changes it, so an unchanged signature means the bundle
     need not be read again."""
     parts = []
@@ -198,6 +213,12 @@ def bundle_signature(directory: Path | str) -> str:
             parts.append(f"{name}:absent")
             continue
         parts.append(f"{name}:{info.st_size}:{info.st_mtime_ns}:{info.st_ino}:{info.st_ctime_ns}")
+    for name in OPTIONAL_FILES:
+        try:
+            info = os.lstat(Path(directory) / name)
+        except OSError:
+            continue
+        parts.append(f"{name}:{info.st_size}:{info.st_mtime_ns}:{info.st_ino}:{info.st_ctime_ns}")
     return ";".join(parts)
 
 
@@ -206,7 +227,7 @@ def load_bundle(directory: Path | str) -> Bundle:
     directory = Path(directory)
     signature = bundle_signature(directory)  # before reading: a file changed meanwhile is read again
     with ExitStack() as stack:
-        files = {name: _open(directory / name, stack) for name in DIGEST_FILES}
+        files = {name: _open(directory / name, stack) for name in DIGEST_FILES + OPTIONAL_FILES}
         spec_file, result_file = files[SPEC], files[RESULT]
         if spec_file is None:
             raise BadBundle(directory / SPEC, "missing: this directory is not a bundle")
@@ -228,6 +249,7 @@ def load_bundle(directory: Path | str) -> Bundle:
         digest = hashlib.sha256(_frame(SPEC, len(spec_raw)) + spec_raw)
         _read_events(bundle, directory / EVENTS, files[EVENTS], digest, finished_ok=status == "ok")
         _read_monitor(bundle, directory / MONITOR, files[MONITOR], digest, finished_ok=status == "ok")
+        _read_gpu(bundle, directory / GPU, files[GPU], digest, finished_ok=status == "ok")
         digest.update(_frame(RESULT, len(result_raw)) + result_raw)
         bundle.digest = digest.hexdigest()
     if status == "ok" and bundle.summary is None:
@@ -668,9 +690,17 @@ _SAMPLE_LINES = _Bulk(None, [
     ("cpu_system", _DOUBLE_TEXT, pa.float64()), ("iowait", _DOUBLE_TEXT, pa.float64()),
     ("rss_bytes", _INT64_TEXT, pa.int64()), ("nprocs", _INT32_TEXT, pa.int32())],
     optional=(("mem_usage_bytes", _INT64_TEXT),))
+# GPU samples (runner/executors/energy.py): few (two a second per GPU) and with nulls where a GPU
+# does not support a query, so always read exactly; the _Bulk gives their columns.
+_GPU_LINES = _Bulk(None, [
+    ("t", _DOUBLE_TEXT, pa.float64()), ("gpu", _INT32_TEXT, pa.int32()), ("util", "", pa.float64()),
+    ("mem_util", "", pa.float64()), ("mem_used_bytes", "", pa.int64()), ("power_w", "", pa.float64()),
+    ("energy_j", "", pa.float64()), ("sm_clock_mhz", "", pa.int32()), ("mem_clock_mhz", "", pa.int32()),
+    ("temp_c", "", pa.float64()), ("throttle", "", pa.int64())])
 #: The columns of ``Bundle.steps`` and ``Bundle.monitor_samples`` record batches.
 STEP_COLUMNS = _STEP_LINES.schema
 SAMPLE_COLUMNS = _SAMPLE_LINES.schema
+GPU_COLUMNS = _GPU_LINES.schema
 
 # Checks one record read exactly and keeps it: True when it is a row (``_Bulk.is_row``),
 # which the reader keeps.
@@ -692,6 +722,7 @@ class _JsonLines:
     warnings: list[str]
     bulk: _Bulk
     take: _Take
+    exact_only: bool = False  # every line read exactly (``_Bulk`` then gives only the columns)
 
     def read(self, file: _File, digest: Any) -> Rows:
         """Every line, each record given to ``take``; return the rows."""
@@ -701,7 +732,8 @@ class _JsonLines:
             if first == 1:  # the header, read on its own
                 self.exact(1, lines[:1], cut=cut and len(lines) == 1)
                 lines, first = lines[1:], 2
-            batch = self.in_bulk(first, lines, cut=cut) if len(block) >= _BULK_MIN_BYTES else None
+            bulk = len(block) >= _BULK_MIN_BYTES and not self.exact_only
+            batch = self.in_bulk(first, lines, cut=cut) if bulk else None
             if batch is None:
                 records = self.exact(first, lines, cut=cut)
                 if records:
@@ -858,3 +890,23 @@ def _read_monitor(bundle: Bundle, path: Path, file: _File | None, digest: Any, *
 
     lines = _JsonLines(path, finished_ok, bundle.warnings, _SAMPLE_LINES, take)
     bundle.monitor_samples = lines.read(file, digest)
+
+
+def _read_gpu(bundle: Bundle, path: Path, file: _File | None, digest: Any, *, finished_ok: bool) -> None:
+    """gpu.jsonl, when there is one: it enters the digest only then (``OPTIONAL_FILES``)."""
+    if file is None:
+        return
+    digest.update(_frame(GPU, file.size))
+    if not file.size:
+        return
+
+    def take(number: int, record: dict[str, Any]) -> bool:
+        if number == 1:
+            _check_line(path, number, record, "header", None)
+            bundle.gpu_header = record
+            return False
+        _check_line(path, number, record, "sample", _GPU_KEYS)
+        return True
+
+    lines = _JsonLines(path, finished_ok, bundle.warnings, _GPU_LINES, take, exact_only=True)
+    bundle.gpu_samples = lines.read(file, digest)

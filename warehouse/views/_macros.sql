@@ -266,3 +266,31 @@ CREATE OR REPLACE MACRO caches_current() AS
          ELSE error('the cached statistics of this warehouse are out of date (its runs changed '
                     || 'outside matrun, or no matrun writer opened it since it was upgraded): '
                     || 'run `matrun ingest` on it to bring them up to date') END;
+
+-- The repeat of a canary run ([sweep] canary, docs/MATRIX.md): a run of a sweep's reference
+-- cell made at intervals through the sweep to track the machine's drift (view canary_drift).
+-- No sweep plans it (repeats are at most 1,000): the views of cells and runs leave it out.
+-- The same number as warehouse/bundles/layout.py CANARY_REPEAT.
+CREATE OR REPLACE MACRO canary_repeat() AS 1000000;
+
+-- Where a sorted list v (4 values or more) splits at its largest gap with at least two values
+-- on each side: the 1-based position of the last value below the gap (the first if tied).
+CREATE OR REPLACE MACRO modes_split(v) AS
+    1 + list_position(list_transform(range(2, len(v) - 1), lambda i: v[i + 1] - v[i]),
+                      list_max(list_transform(range(2, len(v) - 1), lambda i: v[i + 1] - v[i])));
+
+-- Two modes in a list of values (docs/WAREHOUSE.md "Bimodal cells"; the same rule as
+-- warehouse/modes.py): split the sorted values at their largest gap leaving two or more on
+-- each side; bimodal when the gap is more than 3 times the wider side's range and more than
+-- 10 % of the median.  {bimodal, low_n, low_median, high_n, high_median, gap, spread}
+-- (spread: the wider side's range); NULL for fewer than four values.
+CREATE OR REPLACE MACRO two_modes(vals) AS
+    list_transform([list_sort(list_filter(vals, lambda x: x IS NOT NULL))], lambda v:
+        CASE WHEN len(v) < 4 THEN NULL ELSE
+        list_transform([modes_split(v)], lambda k: struct_pack(
+            bimodal := v[k + 1] - v[k] > 3 * greatest(v[k] - v[1], v[len(v)] - v[k + 1])
+                       AND v[k + 1] - v[k] > 0.10 * list_median(v),
+            low_n := k, low_median := list_median(v[1:k]),
+            high_n := len(v) - k, high_median := list_median(v[k + 1:]),
+            gap := v[k + 1] - v[k],
+            spread := greatest(v[k] - v[1], v[len(v)] - v[k + 1])))[1] END)[1];

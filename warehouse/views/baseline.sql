@@ -1,7 +1,9 @@
 -- One row per (sweep, cell) over its ok runs: time, accuracy, throughput and resources,
 -- as median with min / max, and the coefficient of variation of throughput over repeats
 -- (stddev_samp / mean; NULL with a single run).  Memory is in MiB (2^20 bytes): the median
--- over runs of each run's average RSS, and the highest peak of any run.
+-- over runs of each run's average RSS, and the highest peak of any run.  Flags counted like
+-- mismatches: runs whose GPU throttled, runs that started on a busy machine; energy per image
+-- (joules, GPU + CPU packages as measured, NULL where unmeasured) and NVML's peak GPU memory.
 SELECT
     sweep,
     cell_id,
@@ -30,7 +32,11 @@ SELECT
     median(iowait_avg)                               AS iowait_median,
     median(rss_avg_bytes) / 1048576.0                AS rss_avg_mb,
     max(rss_peak_bytes) / 1048576.0                  AS rss_peak_mb,
-    count(*) FILTER (WHERE len(mismatches) > 0)      AS mismatch_runs
+    count(*) FILTER (WHERE len(mismatches) > 0)      AS mismatch_runs,
+    count(*) FILTER (WHERE gpu_throttled)            AS throttled_runs,
+    count(*) FILTER (WHERE busy_start)               AS busy_runs,
+    median(j_per_image)                              AS j_per_image_median,
+    median(gpu_mem_used_peak_bytes) / 1048576.0      AS gpu_mem_peak_mb
 FROM run_overview
 WHERE status = 'ok'
 GROUP BY sweep, cell_id

@@ -66,6 +66,7 @@ r AS NOT MATERIALIZED (
         TRY_CAST(x.host ->> 'cpu_count' AS INTEGER)                    AS cpu_count
     FROM x
     LEFT JOIN images AS i ON i.tag = x.image_tag
+    WHERE x."repeat" <> canary_repeat()  -- canary runs ([sweep] canary) are no repeats
 ),
 cells AS (
     SELECT
@@ -211,7 +212,7 @@ epoch_stats AS (
         median_ci(list(e.epoch_seconds) FILTER (WHERE e.epoch_seconds IS NOT NULL)) AS time_ci
     FROM epochs AS e
     JOIN x AS r USING (run_id)
-    WHERE r.status = 'ok'
+    WHERE r.status = 'ok' AND r."repeat" <> canary_repeat()
     GROUP BY r.cell_id, e.epoch
 ),
 epoch_rows AS (

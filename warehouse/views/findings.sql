@@ -261,7 +261,7 @@ layer_runs AS (
             sum(coalesce(l.forward_seconds, 0) + coalesce(l.backward_seconds, 0)) AS t
         FROM layers AS l
         JOIN runs AS r USING (run_id)
-        WHERE r.status = 'ok' AND r.cell_id IN (SELECT cell_id FROM registered)
+        WHERE r.status = 'ok' AND r."repeat" <> canary_repeat() AND r.cell_id IN (SELECT cell_id FROM registered)
         GROUP BY r.cell_id, l.run_id, l.kind
     )
     GROUP BY cell_id, run_id

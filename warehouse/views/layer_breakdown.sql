@@ -14,7 +14,7 @@ WITH per_cell AS (
         any_value(l.params)         AS params,
         any_value(l.flops)          AS flops
     FROM layers l JOIN runs r USING (run_id)
-    WHERE r.status = 'ok'
+    WHERE r.status = 'ok' AND r."repeat" <> canary_repeat()
     GROUP BY r.sweep, r.cell_id, l.name
 )
 SELECT

@@ -51,6 +51,25 @@ SELECT
     -- early stopping (the harness's summary; NULL for inference and runs of older harnesses)
     TRY_CAST(r.summary ->> 'epochs_run' AS INTEGER)                AS epochs_run,
     TRY_CAST(r.summary ->> 'stopped_early' AS BOOLEAN)             AS stopped_early,
-    TRY_CAST(r.summary ->> 'best_epoch' AS INTEGER)                AS best_epoch
+    TRY_CAST(r.summary ->> 'best_epoch' AS INTEGER)                AS best_epoch,
+    -- GPU telemetry, energy and machine state (migration 007; NULL where unmeasured).  The
+    -- energy is the whole run's (start-up and evaluation included) over the images of all its
+    -- training steps (summary.images): joules per image, NULL where either is missing.
+    r.gpu_util_avg,
+    r.gpu_mem_used_peak_bytes,
+    r.gpu_power_avg_w,
+    r.gpu_energy_j,
+    r.cpu_energy_j,
+    TRY_CAST(r.summary ->> 'images' AS BIGINT)                     AS images,
+    r.gpu_energy_j / NULLIF(TRY_CAST(r.summary ->> 'images' AS BIGINT), 0)      AS gpu_j_per_image,
+    r.cpu_energy_j / NULLIF(TRY_CAST(r.summary ->> 'images' AS BIGINT), 0)      AS cpu_j_per_image,
+    CASE WHEN r.gpu_energy_j IS NOT NULL OR r.cpu_energy_j IS NOT NULL
+         THEN (coalesce(r.gpu_energy_j, 0) + coalesce(r.cpu_energy_j, 0))
+              / NULLIF(TRY_CAST(r.summary ->> 'images' AS BIGINT), 0) END    AS j_per_image,
+    r.gpu_throttled,
+    TRY_CAST(r.monitor -> 'gpu_throttle_reasons' AS VARCHAR[])     AS gpu_throttle_reasons,
+    r.busy_start,
+    TRY_CAST(r.host -> 'state' -> 'busy_reasons' AS VARCHAR[])     AS busy_reasons
 FROM runs AS r
+WHERE r."repeat" <> canary_repeat()  -- canary runs ([sweep] canary) are no repeats
 ORDER BY r.sweep, r.cell_id, r."repeat", r.attempt
