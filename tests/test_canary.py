@@ -169,7 +169,8 @@ def test_the_reference_cell_is_the_first_cell_run_or_the_first_match(tmp_path: P
     assert threads == [1, 2]
     assert reference_cell(CanarySettings(), matrix.path, cells, cells[1:]) is cells[1]
     assert reference_cell(CanarySettings(where=("threads=2",)), matrix.path, cells, cells[:1]) is cells[1]
-    assert reference_cell(CanarySettings(where=(f"cell={cells[0].cell_id[:6]}",)), matrix.path, cells, cells) is cells[0]
+    by_id = CanarySettings(where=(f"cell={cells[0].cell_id[:6]}",))
+    assert reference_cell(by_id, matrix.path, cells, cells[1:]) is cells[0]
     with pytest.raises(InputError, match=r"\[sweep -> canary -> where\] threads=4 matches no cell"):
         reference_cell(CanarySettings(where=("threads=4",)), matrix.path, cells, cells)
 
@@ -207,6 +208,8 @@ def test_a_sweep_interleaves_marked_canary_runs_that_are_no_repeats(tmp_path: Pa
     assert [line for line in first.stderr.splitlines() if line.startswith("canary run")] == [
         f"canary run {i} of 3: cell {ref} (threads=2)" for i in (1, 2, 3)]
     assert "sweep canary: 7 runs (7 ok); 0 already done" in first.stdout
+    ended = [line.split() for line in first.stderr.splitlines() if line.lstrip().startswith("ok ")]
+    assert sorted(fields[2] for fields in ended) == ["canary"] * 3 + ["repeat"] * 4, first.stderr
 
     order = query(db, "SELECT cell_id, \"repeat\", attempt, status FROM runs ORDER BY started_at")
     assert [(r["cell_id"], r["repeat"], r["attempt"]) for r in order] == [

@@ -23,6 +23,7 @@ from matrun.runner.slurm.jobs import cell_progress
 from matrun.runner.slurm.loop import cancel_sweep
 from matrun.runner.sweep.records import SweepStopped, SweepSummary
 from matrun.runner.sweep.run import run_sweep
+from matrun.warehouse.bundles.layout import CANARY_REPEAT
 
 
 
@@ -90,15 +91,15 @@ def sweep(
             task = progress.add_task("sweep", total=event.total)
             progress.start()
         elif event.kind == "run-start":
-            progress.update(task, description=f"{event.cell.cell.label} #{event.repeat}")
+            progress.update(task, description=f"{event.cell.cell.label} {_repeat(event.repeat, '#')}")
         elif event.kind == "run-skip":
             progress.advance(task)
-            line = f"{'done':>9}  {event.cell.cell_id}  repeat {event.repeat}  ({event.text})  {event.cell.cell.label}"
+            line = f"{'done':>9}  {event.cell.cell_id}  {_repeat(event.repeat)}  ({event.text})  {event.cell.cell.label}"
             progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
         elif event.kind == "run-end":
             o = event.outcome
             progress.advance(task)
-            line = f"{o.status:>9}  {event.cell.cell_id}  repeat {event.repeat}  {o.wall_seconds:7.1f}s  {event.cell.cell.label}"
+            line = f"{o.status:>9}  {event.cell.cell_id}  {_repeat(event.repeat)}  {o.wall_seconds:7.1f}s  {event.cell.cell.label}"
             progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     slurm = {"partition": partition, "account": account, "qos": qos, "throttle": throttle,
@@ -190,3 +191,8 @@ def cancel(
                f"{result['recorded']} run(s) recorded as cancelled; {result['left']} task(s) still ending")
     if not result["ended"] or result["left"]:
         raise typer.Exit(1)
+
+
+def _repeat(repeat: int, prefix: str = "repeat ") -> str:
+    """A run's repeat as the sweep's output shows it; a drift canary's run says so."""
+    return "canary" if repeat == CANARY_REPEAT else f"{prefix}{repeat}"

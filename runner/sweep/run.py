@@ -212,7 +212,8 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
     waiting += f", {len(queued)} queued by other sweeps" if queued else ""
     if canary is not None:
         after = "after every run" if canary.every == 1 else f"after every {canary.every} runs"
-        waiting += f"; {canary.count} canary runs of cell {canary.cell.cell_id}: at the start, {after} and at the end"
+        waiting += (f"; {canary.count} canary runs of cell {canary.cell.cell_id}: at the start, {after} "
+                    "and at the end")
     emit(SweepEvent("plan", f"{len(todo)} runs to do, {summary.skipped_done} already done{waiting}",
                     total=len(todo) + len(extra) + (0 if detach else summary.in_flight), estimate_s=estimate))
     if isinstance(runner, AsyncExecutor):
@@ -225,7 +226,7 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
         return summary
     runner.prepare({(pc.params["framework"], pc.params["variant"]) for pc, _ in [*todo, *extra]},
                    log=lambda text: emit(SweepEvent("message", text)))
-    for warning in noise_warnings(_cells_cpus(todo)):  # told, never changed (docs/EXECUTORS.md "Noise")
+    for warning in noise_warnings(_cells_cpus([*todo, *extra])):  # told, never changed (docs/EXECUTORS.md "Noise")
         emit(SweepEvent("message", f"Warning: {warning}"))
     host = host_info()
     later: list[tuple[PlannedCell, int, RunClaim]] = []

@@ -4,7 +4,7 @@
 -- in the order they started; `canary` numbers them per (sweep, reference cell).
 -- Over the series' ok canaries (docs/WAREHOUSE.md "Drift canary"): canary_median, their
 -- median throughput; noise, the run-to-run noise as 1.0484 times the median absolute
--- difference of consecutive canaries (the standard deviation for normal noise, and blind to
+-- difference of consecutive canaries (the standard deviation for normal noise; barely moved by
 -- a slow drift or one step); the band, canary_median ± max(3 × noise, 2 % of canary_median),
 -- given from three ok canaries on.  outside: this canary's throughput is beyond the band
 -- (NULL: no band, or the canary did not end ok).  ratio_to_first / ratio_to_median: its
