@@ -97,10 +97,10 @@ def test_sweep_ingest_query_report_and_skip_done(tmp_path, torch_env):
     assert sql(db, "SELECT count(*) > 0 FROM monitor_samples") == [(True,)]
     # Each run records the machine state before it started and the images it trained; this CPU
     # host has no NVML and no RAPL: its energy is unmeasured (NULL), never 0.
-    assert sql(db, "SELECT count(*) FROM runs WHERE busy_start IS NOT NULL AND host -> 'state' ->> 'cpu_model' "
+    assert sql(db, "SELECT count(*) FROM runs WHERE busy_start IS NOT NULL AND (host -> 'state' ->> 'cpu_model') "
                    "IS NOT NULL AND TRY_CAST(host -> 'state' ->> 'cell_cpus' AS INT) >= 1 "
                    "AND TRY_CAST(summary ->> 'images' AS INT) = 2 * 256 AND gpu_energy_j IS NULL "
-                   "AND host -> 'gpu' IS NULL") == [(4,)]
+                   "AND (host -> 'gpu') IS NULL") == [(4,)]
     rapl = bool(rapl_zones())
     assert sql(db, "SELECT count(*) FROM runs WHERE cpu_energy_j IS NOT NULL") == [(4 if rapl else 0,)]
 

@@ -35,8 +35,11 @@ from conftest import missing
 from lake_client import plain_connect, plain_writer
 from matrun.errors import InputError, WarehouseError
 from matrun.warehouse import catalog
-from matrun.warehouse.db import forget_instances, open_warehouse
+from matrun.warehouse.db import forget_instances, migrations, open_warehouse
 from matrun.warehouse.ingest import ingest
+
+#: The schema version this matrun creates (its newest migration).
+NEWEST = max(m.version for m in migrations())
 
 MATRUN = str(Path(sys.executable).with_name("matrun"))
 REQUIRE_POSTGRES = os.environ.get("MATRUN_REQUIRE_POSTGRES") == "1"
@@ -258,7 +261,7 @@ def test_init_creates_a_shared_warehouse_and_info_describes_it(tmp_path: Path, l
     proc = matrun("warehouse", "init", tmp_path / "host-a", "--postgres", lake_db, "--data", data)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == (f"warehouse {tmp_path / 'host-a'}: created a new lake in the catalog; "
-                                           "schema version 6")
+                                           f"schema version {NEWEST}")
     assert sorted(os.listdir(tmp_path / "host-a")) == ["attach.sql", "warehouse.toml"]
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".host-a")]  # the scratch directory is gone
     lay = catalog.layout(tmp_path / "host-a")
@@ -270,7 +273,7 @@ def test_init_creates_a_shared_warehouse_and_info_describes_it(tmp_path: Path, l
     lines = dict(re.findall(r"^(\S+(?: files)?) +(.+)$", info.stdout, flags=re.M))
     assert lines["catalog"] == f"postgres: {lake_db}"
     assert lines["data"] == f"{data}/"
-    assert lines["schema"] == "version 6 (this matrun knows up to 6)"
+    assert lines["schema"] == f"version {NEWEST} (this matrun knows up to {NEWEST})"
     assert lines["runs"] == "0"
     assert lines["attach.sql"] == str(tmp_path / "host-a" / "attach.sql")
     assert f"  ATTACH 'ducklake:postgres:{lake_db}' AS lake (READ_ONLY, DATA_PATH '{data}/', " \
@@ -291,7 +294,7 @@ def test_a_second_host_joins_the_lake_and_sees_the_first_host_s_runs(tmp_path: P
     proc = matrun("warehouse", "init", tmp_path / "b", "--postgres", lake_db, "--data", data)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == (f"warehouse {tmp_path / 'b'}: joined the lake already in the catalog "
-                                           "(3 run(s)); schema version 6")
+                                           f"(3 run(s)); schema version {NEWEST}")
     report = ingest([make_bundles(tmp_path / "results-b", "b", 2)], warehouse=tmp_path / "b")
     assert report.counts["ingested"] == 2
     info = matrun("warehouse", "info", "--warehouse", host_a)
