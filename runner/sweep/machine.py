@@ -3,8 +3,9 @@ gives before it starts.
 
 :func:`machine_state` is taken just before each run starts (the sweep's loop, a Slurm task on its
 node) and goes into ``result.json`` as ``host.state``: the CPU frequency governors and boost /
-turbo, SMT, the load average, the busiest other processes over a short window
-(:data:`WINDOW_S`) and the share of the cell's CPUs they used, available memory, the CPU model and
+turbo, SMT, the load average, the busiest other processes — over the time since the last run
+ended (``LoadWatch``: the sweep's ingest, at least :data:`MIN_WINDOW_S`) or a short window of
+its own (:data:`WINDOW_S`) — and the share of the cell's CPUs they used, available memory, the CPU model and
 microcode.  ``busy`` flags a run that started on a busy machine (:func:`is_busy`), and
 ``busy_reasons`` says why.  Each field is None where the kernel does not expose it (this VM has no
 cpufreq; a container may hide ``/sys``).
@@ -25,8 +26,16 @@ from typing import Any, Collection, Iterable
 
 import psutil
 
-#: How long the other processes' CPU use is measured before a run, in seconds.
+#: How long the other processes' CPU use is measured when nothing else measures it (a Slurm
+#: task, ``matrun doctor``), in seconds.
 WINDOW_S = 0.2
+#: A sweep measures it over the time between two runs (``LoadWatch``), waiting only when that
+#: was shorter than this.
+MIN_WINDOW_S = 0.1
+#: The container engine's processes: they serve the sweep's own containers (starting, removing
+#: them), so their CPU time is not another process's load.
+ENGINE = frozenset({"dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2", "runc",
+                    "docker-init", "docker-proxy"})
 #: A run starts on a busy machine when other processes used at least this share of the cell's
 #: CPUs over the window (0.2 of one CPU on a 2-CPU cell)…
 BUSY_SHARE = 0.10
@@ -123,22 +132,54 @@ def _cpu_times() -> dict[int, tuple[float, str, frozenset[int] | None]]:
     return out
 
 
+class LoadWatch:
+    """Other processes' CPU time since the last look: a sweep restarts it as a run ends and reads
+    it as the next one starts, so the window is the time the sweep spends between runs anyway
+    (the ingest, the next run's files); only a window shorter than asked is waited out."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        self._before = _cpu_times()
+        self._t0 = time.monotonic()
+
+    def load(self, cpus: Collection[int] | None, min_window_s: float = MIN_WINDOW_S,
+             exclude: Collection[int] = ()) -> dict[str, Any]:
+        """What other processes used since the last look (waiting until ``min_window_s`` has
+        passed), as :func:`other_load` reports it; the next look starts now."""
+        wait = min_window_s - (time.monotonic() - self._t0)
+        if wait > 0:
+            time.sleep(wait)
+        after = _cpu_times()
+        elapsed = max(time.monotonic() - self._t0, 1e-6)
+        out = _load(self._before, after, elapsed, cpus, _own_tree() | set(exclude))
+        self._before, self._t0 = after, time.monotonic()
+        return out
+
+
 def other_load(cpus: Collection[int] | None = None, window_s: float = WINDOW_S,
                exclude: Collection[int] = ()) -> dict[str, Any]:
     """What processes other than this one and its children (and ``exclude``) used over
     ``window_s`` seconds: in CPUs (1.0 = one CPU busy all the window), in all and on ``cpus``
-    (processes whose affinity allows one of them), and the busiest of them."""
+    (processes whose affinity allows one of them), and the busiest of them.  The container
+    engine's own processes (:data:`ENGINE`) serve the sweep and are not counted."""
     skip = _own_tree() | set(exclude)
     before = _cpu_times()
     t0 = time.monotonic()
     time.sleep(window_s)
     after = _cpu_times()
-    elapsed = max(time.monotonic() - t0, 1e-6)
+    return _load(before, after, max(time.monotonic() - t0, 1e-6), cpus, skip)
+
+
+def _load(before: dict[int, tuple[float, str, frozenset[int] | None]],
+          after: dict[int, tuple[float, str, frozenset[int] | None]], elapsed: float,
+          cpus: Collection[int] | None, skip: set[int]) -> dict[str, Any]:
     wanted = frozenset(cpus) if cpus is not None else None
     used: list[tuple[float, int, str]] = []
     total = on_cells = 0.0
     for pid, (cpu, name, affinity) in after.items():
-        if pid in skip or pid not in before:
+        if pid in skip or pid not in before or name in ENGINE:
             continue
         share = max(0.0, cpu - before[pid][0]) / elapsed
         if share <= 0:
@@ -168,10 +209,11 @@ def is_busy(load: dict[str, Any], cell_cpus: int) -> list[str]:
 
 
 def machine_state(cpus: Collection[int] | None = None, window_s: float = WINDOW_S,
-                  exclude: Collection[int] = ()) -> dict[str, Any]:
-    """The state of the machine just before a run on ``cpus`` (None: all of them) starts."""
+                  exclude: Collection[int] = (), watch: LoadWatch | None = None) -> dict[str, Any]:
+    """The state of the machine just before a run on ``cpus`` (None: all of them) starts; the
+    other processes' load over ``window_s``, or since ``watch`` last looked."""
     cell_cpus = sorted(cpus) if cpus is not None else sorted(_allowed_cpus())
-    load = other_load(cell_cpus, window_s, exclude)
+    load = watch.load(cell_cpus, exclude=exclude) if watch is not None else other_load(cell_cpus, window_s, exclude)
     reasons = is_busy(load, len(cell_cpus))
     try:
         loadavg: list[float] | None = [round(x, 2) for x in os.getloadavg()]
@@ -202,15 +244,18 @@ def _allowed_cpus() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
-def noise_warnings(cpus: set[int] | None = None, window_s: float = 0.5) -> list[str]:
+def noise_warnings(cpus: set[int] | None = None, window_s: float = 0.3,
+                   watch: LoadWatch | None = None, root: Path = SYS_CPU) -> list[str]:
     """Sentences about a machine state known to add noise to the CPUs ``cpus`` (None: all this
-    process may use), each with how to fix it; empty when nothing was found."""
+    process may use), each with how to fix it; empty when nothing was found.  The load is
+    measured over ``window_s``, or since ``watch`` last looked (at least 0.25 s)."""
     cell_cpus = sorted(cpus) if cpus else sorted(_allowed_cpus())
     out = []
-    for reason in is_busy(other_load(cell_cpus, window_s), len(cell_cpus)):
+    load = watch.load(cell_cpus, 0.25) if watch is not None else other_load(cell_cpus, window_s)
+    for reason in is_busy(load, len(cell_cpus)):
         out.append(f"the machine is busy: {reason}. Timings will be noisy; stop those processes or "
                    "wait for them, or give the cells other CPUs ([fixed] cpuset)")
-    slow = {g: c for g, c in (governors(cell_cpus) or {}).items() if g in ("powersave", "conservative")}
+    slow = {g: c for g, c in (governors(cell_cpus, root) or {}).items() if g in ("powersave", "conservative")}
     for governor, governed in slow.items():
         out.append(f"CPU frequency governor {governor!r} on {len(governed)} of the cells' CPUs: clocks "
                    "ramp with load and timings drift; for benchmarks set 'performance' "

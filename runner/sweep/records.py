@@ -36,7 +36,7 @@ from matrun.runner.executors.protocol import RunOutcome
 from matrun.runner.harness.cpusets import parse_cpuset
 from matrun.runner.planning.identity import PlannedCell
 from matrun.runner.planning.matrix import Matrix
-from matrun.runner.sweep.machine import machine_state
+from matrun.runner.sweep.machine import LoadWatch, machine_state
 from matrun.warehouse.bundles.layout import RESULT, SCHEMA_VERSION, SPEC, RunKey, parse_run_dir_name
 from matrun.warehouse.bundles.write import next_attempt, write_json_atomic
 from matrun.warehouse.bundles.read import loads
@@ -346,12 +346,12 @@ def host_info() -> dict[str, Any]:
     return info
 
 
-def with_state(host: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+def with_state(host: dict[str, Any], params: dict[str, Any], watch: LoadWatch | None = None) -> dict[str, Any]:
     """``host`` with the machine's state just before a run of ``params`` starts (``host.state``:
-    runner/sweep/machine.py), measured on the cell's CPUs."""
+    runner/sweep/machine.py), measured on the cell's CPUs (since ``watch`` last looked)."""
     try:
         cpus = parse_cpuset(params["cpuset"]) if params.get("cpuset") else None
-        state: dict[str, Any] = machine_state(cpus or None)
+        state: dict[str, Any] = machine_state(cpus or None, watch=watch)
     except (ValueError, OSError, psutil.Error) as exc:  # never a reason for a run not to run
         state = {"error": f"{type(exc).__name__}: {exc}"}
     return {**host, "state": state}

@@ -47,7 +47,7 @@ from matrun.runner.sweep.records import (
     path_error, prepare_run, sweep_lock, with_state, write_result,
 )
 from matrun.runner.sweep.canary import SLURM_REFUSAL, Canary, reference_cell, schedule
-from matrun.runner.sweep.machine import noise_warnings
+from matrun.runner.sweep.machine import LoadWatch, noise_warnings
 from matrun.warehouse.bundles.layout import CANARY_REPEAT
 from matrun.warehouse.bundles.read import load_bundle
 from matrun.warehouse.ingest import ingest
@@ -224,18 +224,19 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
     assert isinstance(runner, SyncExecutor)
     if not todo:
         return summary
+    watch = LoadWatch()  # other processes' load, measured while the sweep prepares and between runs
     runner.prepare({(pc.params["framework"], pc.params["variant"]) for pc, _ in [*todo, *extra]},
                    log=lambda text: emit(SweepEvent("message", text)))
-    for warning in noise_warnings(_cells_cpus([*todo, *extra])):  # told, never changed (docs/EXECUTORS.md "Noise")
+    for warning in noise_warnings(_cells_cpus([*todo, *extra]), watch=watch):  # told, never changed (docs/EXECUTORS.md "Noise")
         emit(SweepEvent("message", f"Warning: {warning}"))
     host = host_info()
     later: list[tuple[PlannedCell, int, RunClaim]] = []
     for index, (pc, repeat) in enumerate(todo):
         if canary is not None and canary.due(index):
-            _run_canary(runner, matrix, canary, done, data_dir, host, summary, emit)
+            _run_canary(runner, matrix, canary, done, data_dir, host, summary, emit, watch=watch)
         claim = RunClaim(matrix.sweep.results, pc.cell_id, repeat, matrix.sweep.name)
         if claim.take(wait=False):
-            _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit)
+            _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit, watch=watch)
         else:  # another sweep of this results directory runs it now: the others first
             emit(SweepEvent("message", f"cell {pc.cell_id} repeat {repeat}: running in {claim.holder()}; "
                                        "coming back to it at the end"))
@@ -245,15 +246,16 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
             emit(SweepEvent("message", f"waiting for {claim.holder()} to finish cell {pc.cell_id} "
                                        f"repeat {repeat} …"))
             claim.take(wait=True)
-        _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit)
+        _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit, watch=watch)
     if canary is not None:  # the last canary run, after every run of the sweep
-        _run_canary(runner, matrix, canary, done, data_dir, host, summary, emit)
+        _run_canary(runner, matrix, canary, done, data_dir, host, summary, emit, watch=watch)
     return summary
 
 
 def _run_claimed(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: int, claim: RunClaim,
                  done: dict[tuple[str, int], dict[str, Any]], data_dir: Path, host: dict[str, Any],
-                 force: bool, summary: SweepSummary, emit: Callable[[SweepEvent], None]) -> None:
+                 force: bool, summary: SweepSummary, emit: Callable[[SweepEvent], None], *,
+                 watch: LoadWatch | None = None) -> None:
     """Run (cell, repeat), whose claim this sweep holds, unless another sweep ran it meanwhile;
     the claim is released once the run is recorded and ingested."""
     try:
@@ -265,7 +267,7 @@ def _run_claimed(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: 
         emit(SweepEvent("run-start", cell=pc, repeat=repeat))
         # Attempts count across sweeps: the same cell may have run under another results directory.
         earlier = done.get((pc.cell_id, repeat), {}).get("max_attempt") or 0
-        outcome, run_dir = _run_one(runner, matrix, pc, repeat, earlier, data_dir, host, summary)
+        outcome, run_dir = _run_one(runner, matrix, pc, repeat, earlier, data_dir, host, summary, watch=watch)
     finally:
         claim.release()
     _ended(pc, repeat, outcome, run_dir, summary, emit)
@@ -298,7 +300,8 @@ def _canary_cell(matrix: Matrix, runner: Executor, every_cell: Sequence[PlannedC
 
 def _run_canary(runner: SyncExecutor, matrix: Matrix, canary: Canary,
                 done: dict[tuple[str, int], dict[str, Any]], data_dir: Path, host: dict[str, Any],
-                summary: SweepSummary, emit: Callable[[SweepEvent], None]) -> None:
+                summary: SweepSummary, emit: Callable[[SweepEvent], None], *,
+                watch: LoadWatch | None = None) -> None:
     """One canary run: a new attempt of the reference cell's ``CANARY_REPEAT``, run, recorded,
     ingested and counted like any run.  No claim: no sweep runs that repeat as a repeat, and
     its attempt is chosen under the results directory's lock like every run's."""
@@ -307,23 +310,26 @@ def _run_canary(runner: SyncExecutor, matrix: Matrix, canary: Canary,
     emit(SweepEvent("run-start", cell=pc, repeat=CANARY_REPEAT))
     earlier = done.get((pc.cell_id, CANARY_REPEAT), {}).get("max_attempt") or 0
     outcome, run_dir = _run_one(runner, matrix, pc, CANARY_REPEAT, earlier, data_dir, host, summary,
-                                canary=number)
+                                canary=number, watch=watch)
     _ended(pc, CANARY_REPEAT, outcome, run_dir, summary, emit)
 
 
 def _run_one(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: int, earlier_attempt: int,
              data_dir: Path, host: dict[str, Any], summary: SweepSummary, *,
-             canary: int | None = None) -> tuple[RunOutcome, Path]:
+             canary: int | None = None, watch: LoadWatch | None = None) -> tuple[RunOutcome, Path]:
     """Run one attempt: its directory, the executor, ``result.json``, the ingest.  An
     ``OSError`` (a full disk) is raised after recording what can still be recorded.
-    ``canary``: a canary run's number (spec.json ``canary``)."""
+    ``canary``: a canary run's number (spec.json ``canary``).  ``watch``: the sweep's look at
+    other processes' load, read as the run starts and restarted as it ends."""
     key, run_dir = prepare_run(matrix, pc, repeat, earlier_attempt, data_dir, canary=canary)
     params = pc.params
     request = RunRequest(run_dir=run_dir, params=params, env_id=pc.env_id,
                          timeout=params["timeout"], data_dir=data_dir)
-    host = with_state(host, params)  # the machine just before this run: busy? (runner/sweep/machine.py)
+    host = with_state(host, params, watch)  # the machine just before this run: busy? (runner/sweep/machine.py)
     try:
         outcome = runner.run(request)
+        if watch is not None:
+            watch.restart()  # the next run's window: from here (this run's ingest and files) to its start
     except OSError as exc:  # the executor could not write the cell's files: nothing runs
         error = path_error(exc, run_dir)
         if _record(key, run_dir, pc.env_id, runner.name, host, _failed(f"[matrun] {error}")):
