@@ -879,17 +879,8 @@ def _read_monitor(bundle: Bundle, path: Path, file: _File | None, digest: Any, *
     digest.update(_frame(MONITOR, file.size if file else 0))
     if file is None or not file.size:  # a run can end before the monitor's first write; aggregates live in result
         return
-
-    def take(number: int, record: dict[str, Any]) -> bool:
-        if number == 1:
-            _check_line(path, number, record, "header", None)
-            bundle.monitor_header = record
-            return False
-        _check_line(path, number, record, "sample", _SAMPLE_KEYS)
-        return True
-
-    lines = _JsonLines(path, finished_ok, bundle.warnings, _SAMPLE_LINES, take)
-    bundle.monitor_samples = lines.read(file, digest)
+    bundle.monitor_header, bundle.monitor_samples = _read_samples(
+        bundle, path, file, digest, finished_ok=finished_ok, keys=_SAMPLE_KEYS, bulk=_SAMPLE_LINES)
 
 
 def _read_gpu(bundle: Bundle, path: Path, file: _File | None, digest: Any, *, finished_ok: bool) -> None:
@@ -897,16 +888,24 @@ def _read_gpu(bundle: Bundle, path: Path, file: _File | None, digest: Any, *, fi
     if file is None:
         return
     digest.update(_frame(GPU, file.size))
-    if not file.size:
-        return
+    if file.size:
+        bundle.gpu_header, bundle.gpu_samples = _read_samples(
+            bundle, path, file, digest, finished_ok=finished_ok, keys=_GPU_KEYS, bulk=_GPU_LINES, exact_only=True)
+
+
+def _read_samples(bundle: Bundle, path: Path, file: _File, digest: Any, *, finished_ok: bool, keys: _Spec,
+                  bulk: _Bulk, exact_only: bool = False) -> tuple[dict[str, Any], Rows]:
+    """A samples file (monitor.jsonl, gpu.jsonl): its header and its samples, each checked
+    against ``keys``."""
+    header: dict[str, Any] = {}
 
     def take(number: int, record: dict[str, Any]) -> bool:
         if number == 1:
             _check_line(path, number, record, "header", None)
-            bundle.gpu_header = record
+            header.update(record)
             return False
-        _check_line(path, number, record, "sample", _GPU_KEYS)
+        _check_line(path, number, record, "sample", keys)
         return True
 
-    lines = _JsonLines(path, finished_ok, bundle.warnings, _GPU_LINES, take, exact_only=True)
-    bundle.gpu_samples = lines.read(file, digest)
+    rows = _JsonLines(path, finished_ok, bundle.warnings, bulk, take, exact_only=exact_only).read(file, digest)
+    return header, rows
