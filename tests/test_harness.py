@@ -12,6 +12,7 @@ import ast
 import gzip
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -48,6 +49,7 @@ EVENT_KEYS = {
     "data": {"dataset", "train_size", "test_size", "shape", "classes", "load_seconds"},
     "model": {"name", "parameters", "flops"},
     "step": {"epoch", "step", "phase", "seconds", "images"},
+    "phases": {"step", "seconds", "phases"},
     "epoch": {"epoch", "steps", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
               "epoch_seconds", "test_seconds"},
     "layer": {"name", "kind", "index", "forward_seconds", "backward_seconds", "repeats", "images", "params",
@@ -335,7 +337,7 @@ def test_synthetic_run_writes_every_event(torch_python: Path, stage: Path, tmp_p
 
     types = [e["type"] for e in events]
     assert types[:4] == ["header", "probe", "data", "model"] and types[-2:] == ["summary", "end"]
-    assert set(types[4:-2]) == {"step", "epoch"}
+    assert set(types[4:-2]) == {"step", "epoch", "phases"}
     for event in events:
         assert EVENT_KEYS[event["type"]] <= set(event), event["type"]
     assert events[0]["schema_version"] == 1
@@ -357,13 +359,32 @@ def test_synthetic_run_writes_every_event(torch_python: Path, stage: Path, tmp_p
     epochs = [e for e in events if e["type"] == "epoch"]
     assert len(steps) == 3 * 16 and [e["steps"] for e in epochs] == [16, 16, 16]
     assert [s["step"] for s in steps] == list(range(48))
-    assert [s["phase"] for s in steps] == ["warmup"] * 5 + ["timed"] * 43
+    # every 10th timed step (phase_sampling's default) is sampled: timed steps 9, 19, 29, 39
+    sampled = {5 + k for k in (9, 19, 29, 39)}
+    assert [s["phase"] for s in steps] == ["warmup"] * 5 + ["sampled" if i in sampled else "timed"
+                                                           for i in range(5, 48)]
     assert all(s["seconds"] > 0 and s["images"] == 32 for s in steps)
+    phases = [e for e in events if e["type"] == "phases"]
+    assert [p["step"] for p in phases] == sorted(sampled)
+    for record in phases:
+        # torch eager, preloaded tensors: forward, backward and update, each its own, in order
+        assert list(record["phases"]) == ["forward", "backward", "update"]
+        assert all(v > 0 for v in record["phases"].values())
+        step = next(s for s in steps if s["step"] == record["step"])
+        assert record["seconds"] == step["seconds"] >= sum(record["phases"].values())
     for epoch in epochs:
         assert 0 <= epoch["train_accuracy"] <= 1 and 0 <= epoch["test_accuracy"] <= 1
 
     summary = only(events, "summary")
-    assert (summary["timed_steps"], summary["warmup_steps"], summary["diverged"]) == (43, 5, False)
+    assert (summary["timed_steps"], summary["warmup_steps"], summary["diverged"]) == (39, 5, False)
+    timed = [s["seconds"] for s in steps if s["phase"] == "timed"]
+    assert summary["throughput"] == pytest.approx(statistics.median(32 / t for t in timed))
+    model = summary["phases"]
+    assert (model["every"], model["sampled_steps"], model["fused"]) == (10, 4, [])
+    assert model["order"] == ["forward", "backward", "update"]
+    assert model["median"]["backward"] == pytest.approx(statistics.median(p["phases"]["backward"] for p in phases))
+    assert model["unsampled_step_seconds_median"] == pytest.approx(statistics.median(timed))
+    assert summary["gradient_bytes"] == 61706 * 4
     assert summary["throughput"] > 0 and 0 < summary["time_to_first_step"] < 60
     assert summary["train_seconds"] == pytest.approx(sum(e["epoch_seconds"] for e in epochs))
     assert summary["inference_seconds"] is None and summary["peak_device_memory_bytes"] is None
@@ -392,7 +413,7 @@ def test_fashion_mnist_slice_learns(torch_python: Path, stage: Path, fashion_mni
     assert only(events, "probe")["in_force"]["threads"] == 2
     summary = only(events, "summary")
     assert summary["accuracy"] > 0.5
-    assert summary["timed_steps"] + summary["warmup_steps"] == 63  # 2000 / 32, last batch of 16 kept
+    assert summary["timed_steps"] + summary["warmup_steps"] + summary["phases"]["sampled_steps"] == 63  # 2000 / 32, last batch of 16 kept
     assert [e["images"] for e in events if e["type"] == "step"][-1] == 16
 
 

@@ -111,8 +111,9 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # the bundle's file names: warehouse/bundles/layout.py (the harness cannot import it)
+    every = setting(params, "phase_sampling") if params["mode"] == "train" else 0
     with EventLog(out_dir / "events.jsonl", warmup_steps=params["warmup_steps"], started=started,
-                  harness_version=HARNESS_VERSION) as log:
+                  harness_version=HARNESS_VERSION, phase_every=every) as log:
         adapter.configure(params)
         fields = probe.collect(adapter.NAME, params, adapter.probe(params))
         notes = probe.add_onednn_check(fields, params, onednn)
@@ -135,7 +136,7 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
             outcome.notes.extend(ops.notes)
         extra, more_notes = _workers_summary(ctx, params, log, fields, outcome, out_dir)
         if params["mode"] != "inference":
-            extra = {**_knobs_summary(params, outcome), **extra}
+            extra = {**_knobs_summary(params, outcome, log.model), **extra}
         summary = log.summary(diverged=outcome.diverged, notes=[*notes, *outcome.notes, *more_notes],
                               mode=params["mode"], inference_seconds=outcome.inference_seconds,
                               peak_device_memory_bytes=outcome.peak_device_memory_bytes, extra=extra)
@@ -143,12 +144,18 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
     return summary
 
 
-def _knobs_summary(params: dict[str, Any], outcome: adapters.TrainOutcome) -> dict[str, Any]:
+def _knobs_summary(params: dict[str, Any], outcome: adapters.TrainOutcome,
+                   log_model: dict[str, Any] | None = None) -> dict[str, Any]:
     """The training knobs as the run applied them (docs/HARNESS.md "Training knobs"):
     ``stopped_early``, ``first_layer_backward`` and ``input_gradient_steps``, and what fed
-    the steps (``input_pipeline``, the adapter's description)."""
+    the steps (``input_pipeline``, the adapter's description); ``gradient_bytes``: the bytes
+    of one step's gradients (the model record's parameters x the adapter's gradient element
+    size, docs/MODEL.md)."""
     pipeline = outcome.input_pipeline or {"kind": setting(params, "input_pipeline")}
-    return {"stopped_early": outcome.stopped_early,
+    parameters = (log_model or {}).get("parameters")
+    gradient = ({"gradient_bytes": int(parameters) * outcome.gradient_element_bytes}
+                if isinstance(parameters, int) and not isinstance(parameters, bool) else {})
+    return {**gradient, "stopped_early": outcome.stopped_early,
             "first_layer_backward": setting(params, "first_layer_backward"),
             "input_gradient_steps": outcome.input_gradient_steps,
             "input_pipeline": pipeline}
@@ -164,7 +171,7 @@ def _workers_summary(ctx: distributed.Context, params: dict[str, Any], log: Even
         return exchange, []
     in_force = probe_fields.get("in_force", {})
     report = {"rank": ctx.rank, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank,
-              **distributed.step_stats(ctx, log.steps, params["warmup_steps"]),
+              **distributed.step_stats(ctx, log.unsampled(), params["warmup_steps"]),
               "affinity": in_force.get("affinity"), "threads": in_force.get("threads"),
               "interop_threads": in_force.get("interop_threads"),
               "mismatches": probe_fields.get("mismatches", []), "exchange": outcome.exchange}
@@ -172,6 +179,5 @@ def _workers_summary(ctx: distributed.Context, params: dict[str, Any], log: Even
         distributed.write_report(out_dir, report)
         return {**exchange, "rank": ctx.rank}, []
     reports, notes = distributed.gather_reports(ctx, report)
-    rated = log.steps[log.warmup_steps:] or log.steps
-    extra = distributed.summary_fields(ctx, params, reports, throughput(rated))
+    extra = distributed.summary_fields(ctx, params, reports, throughput(log.rated()))
     return {**exchange, **extra}, notes

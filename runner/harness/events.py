@@ -16,7 +16,9 @@ import statistics
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
+
+from . import phases as phase_timing
 
 SCHEMA_VERSION = 1
 
@@ -41,16 +43,24 @@ class EventLog:
 
     ``warmup_steps``: the first that many steps of the run (not of each epoch) are
     ``warmup``, the rest ``timed``.  ``started``: ``time.perf_counter()`` when the harness
-    started, the origin of ``time_to_first_step``.
+    started, the origin of ``time_to_first_step``.  ``phase_every``: sample the phases of
+    every that-many-th timed step (``phase_clock``; 0: none, docs/MODEL.md).
     """
 
-    def __init__(self, path: Path, *, warmup_steps: int, started: float, harness_version: str) -> None:
+    def __init__(self, path: Path, *, warmup_steps: int, started: float, harness_version: str,
+                 phase_every: int = 0) -> None:
         self.path = Path(path)
         self.steps: list[StepSample] = []
         self.epochs: list[dict[str, Any]] = []
         self.warmup_steps = warmup_steps
         self.started = started
+        self.sampler = phase_timing.Sampler(phase_every, warmup_steps)
+        # (step index, ((phase, seconds), ...)) of each sampled step, in step order
+        self.phases: list[tuple[int, tuple[tuple[str, float], ...]]] = []
+        self._sampled: set[int] = set()
+        self._phases_written = 0
         self._steps_written = 0
+        self.model: dict[str, Any] | None = None  # the adapter's ``model`` record, once emitted
         self._file = open(self.path, "w", encoding="utf-8")
         self.emit("header", schema_version=SCHEMA_VERSION, harness_version=harness_version, t=time.time())
 
@@ -70,21 +80,58 @@ class EventLog:
     def emit(self, type_: str, **fields: Any) -> dict[str, Any]:
         """Write one record now and flush; NaN and infinities become null."""
         record = finite({"type": type_, **fields})
+        if type_ == "model":
+            self.model = record
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
         return record
 
+    def phase_clock(self, sync: Callable[[], Any] | None = None) -> phase_timing.StepClock | None:
+        """The phase clock of the step about to be recorded (index ``len(self.steps)``) when it
+        is sampled, else None (the hot path: one comparison).  ``sync``: the device wait the
+        clock calls before each reading (None on the CPU).  The adapter calls ``start()`` at
+        the step's ``t0``, ``mark(phase)`` after each phase and ``end()`` after recording the
+        step."""
+        index = len(self.steps)
+        if not self.sampler.sampled(index):
+            return None
+        return phase_timing.StepClock(index, sync, self.phases)
+
+    def _sync_sampled(self) -> None:
+        for index, _ in self.phases[len(self._sampled):]:
+            self._sampled.add(index)
+
+    def rated(self) -> list[StepSample]:
+        """The steps the throughput is the median of: the timed ones not sampled for phases
+        (all the unsampled steps when none is timed)."""
+        self._sync_sampled()
+        timed = [s for i, s in enumerate(self.steps) if i >= self.warmup_steps and i not in self._sampled]
+        return timed or [s for i, s in enumerate(self.steps) if i not in self._sampled]
+
+    def unsampled(self) -> list[StepSample]:
+        """Every step but the sampled ones, in order (the warm-up first, as in ``steps``)."""
+        self._sync_sampled()
+        return [s for i, s in enumerate(self.steps) if i not in self._sampled]
+
     def write_steps(self) -> None:
-        """Write the step records buffered since the last call (no flush)."""
+        """Write the step records buffered since the last call, then the phase records of the
+        sampled ones (no flush)."""
+        self._sync_sampled()
         lines = []
         for index in range(self._steps_written, len(self.steps)):
             epoch, t_start, t_end, images = self.steps[index]
-            phase = "warmup" if index < self.warmup_steps else "timed"
+            phase = "warmup" if index < self.warmup_steps else "sampled" if index in self._sampled else "timed"
             lines.append(json.dumps({"type": "step", "epoch": epoch, "step": index, "phase": phase,
                                      "seconds": t_end - t_start, "images": images}))
+        for index, times in self.phases[self._phases_written:]:
+            if index < len(self.steps):
+                _, t_start, t_end, _ = self.steps[index]
+                lines.append(json.dumps(finite({"type": "phases", "step": index, "seconds": t_end - t_start,
+                                                "phases": dict(times)}), allow_nan=False))
         if lines:
             self._file.write("\n".join(lines) + "\n")
         self._steps_written = len(self.steps)
+        self._phases_written = len(self.phases)
 
     def epoch(self, *, epoch: int, steps: int, train_loss: float | None, train_accuracy: float | None,
               test_loss: float | None, test_accuracy: float | None, epoch_seconds: float,
@@ -142,10 +189,10 @@ class EventLog:
         notes = list(notes)
         self.write_steps()
         warmup = self.steps[:self.warmup_steps]
-        timed = self.steps[self.warmup_steps:]
+        timed = [s for i, s in enumerate(self.steps) if i >= self.warmup_steps and i not in self._sampled]
         rated = timed
         if not timed and self.steps:
-            rated = self.steps
+            rated = self.rated()
             notes.append(f"no timed steps (all {len(self.steps)} steps are warm-up): "
                          "throughput is the median over all steps, warm-up included")
         last = self.epochs[-1] if self.epochs else {}
@@ -165,6 +212,10 @@ class EventLog:
         }
         if training:
             fields.update(epochs_run=len(self.epochs), best_epoch=self.best_epoch(), stopped_early=False)
+            if self.sampler.every:
+                step_seconds = {i: self.steps[i][2] - self.steps[i][1] for i, _ in self.phases if i < len(self.steps)}
+                fields["phases"] = phase_timing.summary(self.sampler.every, self.phases, step_seconds,
+                                                        (t1 - t0 for _, t0, t1, _ in timed))
         if extra:
             fields.update(extra)
         if notes:

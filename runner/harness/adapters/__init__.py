@@ -22,7 +22,13 @@ framework value; adding a framework is one module here (``ADAPTERS`` finds it). 
    with ``spec.setting``) are every adapter's to apply (docs/HARNESS.md "Training knobs").
    With ``mode = "inference"`` the harness calls
    ``infer(params, dataset, log)`` instead: forward passes only, one ``log.steps`` tuple per
-   batch, no ``log.epoch``.
+   batch, no ``log.epoch``.  Phase sampling (docs/MODEL.md): before each training step the
+   adapter asks ``clock = log.phase_clock(sync)`` (``sync``: the device wait, None on the
+   CPU); for a sampled step (``clock`` not None) it calls ``clock.start()`` where the step's
+   clock starts, ``clock.mark(phase)`` after each phase it can separate (``phases.PHASES``;
+   fused phases under one name joined by ``+``) and ``clock.end()`` after recording the
+   step.  A multi-worker cell adds ``calibration`` to its ``exchange``
+   (``phases.calibration``: the framework's own all-reduce timed over a few sizes).
 5. ``layer_ops(params, dataset, model)`` -> ``layers.LayerOps`` when ``layer_profile`` is
    true: one forward and one backward callable per layer of the model's layer list; the
    harness times them (``layers.profile``) and writes the ``layer`` events.
@@ -86,6 +92,7 @@ class TrainOutcome:
     stopped_early: bool = False
     input_gradient_steps: int | None = None
     input_pipeline: dict[str, Any] | None = None
+    gradient_element_bytes: int = 4
 
 
 class Adapter(Protocol):

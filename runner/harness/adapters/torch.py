@@ -48,6 +48,7 @@ from .. import distributed
 from ..datasets import Dataset, Split
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
+from ..phases import StepClock, calibration, time_collective
 from ..models import MODELS, Layer, block_layers, forward_flops, walk
 from ..spec import setting
 from . import TrainOutcome
@@ -159,7 +160,8 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         steps, loss, accuracy, seconds = _train_epoch(
             model, optimizer, loss_fn, x_train, y_train, epoch=epoch, batch_size=params["batch_size"],
             budget=budget, generator=generator, record=log.steps.append, amp=amp, scaler=scaler,
-            channels_last=params["layout"] == "nhwc", feed=feed, input_grad=full, gradients=gradients)
+            channels_last=params["layout"] == "nhwc", feed=feed, input_grad=full, gradients=gradients,
+            clock_for=lambda: log.phase_clock(_device_wait(device)))
         done += steps
         test_loss, test_accuracy, test_seconds = evaluate(model, x_test, y_test, params["eval_batch_size"], amp=amp)
         validation = evaluate(model, *held, params["eval_batch_size"], amp=amp) if held else None
@@ -324,6 +326,7 @@ def _train_workers(params: dict[str, Any], dataset: Dataset, log: EventLog,
         model = DistributedDataParallel(net, device_ids=[device.index or 0] if device.type == "cuda" else None)
         timer = _ExchangeTimer()
         model.register_comm_hook(None, timer.hook)
+        calibrated = _calibrate(device, backend, ctx)
         _emit_model(log, params, dataset, net)
         optimizer, loss_fn, generator, amp, scaler = _training_kit(params, model, device)
         batch = distributed.global_batch(params)
@@ -337,7 +340,8 @@ def _train_workers(params: dict[str, Any], dataset: Dataset, log: EventLog,
             steps, loss, accuracy, seconds = _train_epoch_worker(
                 model, optimizer, loss_fn, x_train, y_train, ctx, starts, epoch=epoch, generator=generator,
                 record=log.steps.append, timer=timer, amp=amp, scaler=scaler,
-                channels_last=params["layout"] == "nhwc", feed=feed, input_grad=full, gradients=gradients)
+                channels_last=params["layout"] == "nhwc", feed=feed, input_grad=full, gradients=gradients,
+                clock_for=lambda: log.phase_clock(_device_wait(device)))
             done += steps
             validation = None
             if ctx.chief:
@@ -359,8 +363,8 @@ def _train_workers(params: dict[str, Any], dataset: Dataset, log: EventLog,
         probe_x, probe_y = feed.probe_batch(batch)
         probe = _exchange_probe(model, loss_fn, probe_x, probe_y, ctx, batch, amp=amp)
         return TrainOutcome(model=net, peak_device_memory_bytes=_peak_memory(device, {**params, "gpus": 1}),
-                            exchange=_exchange(timer, log, {**probe, "weights_checksum": checksum},
-                                               backend=backend),
+                            exchange=_exchange(timer, log, {**probe, "weights_checksum": checksum,
+                                                            "calibration": calibrated}, backend=backend),
                             input_gradient_steps=gradients[0], input_pipeline=feed.describe())
     finally:
         # The DDP wrapper (its reducer holds the comm hook's Python callbacks) must go before the
@@ -376,7 +380,8 @@ def _train_epoch_worker(model: nn.Module, optimizer: torch.optim.Optimizer, loss
                         epoch: int, generator: torch.Generator, record: Callable[[StepSample], None],
                         timer: _ExchangeTimer, amp: ContextManager[Any] | None = None,
                         scaler: Any = None, channels_last: bool = False, feed: _Feed | None = None,
-                        input_grad: bool = False, gradients: list[int] | None = None
+                        input_grad: bool = False, gradients: list[int] | None = None,
+                        clock_for: Callable[[], StepClock | None] = lambda: None
                         ) -> tuple[int, float, float, float]:
     """``_train_epoch`` of one worker: the global batch at each start, this worker's
     ``[rank::world]`` of it; the loss is divided by the global batch size (``n_local /
@@ -398,6 +403,7 @@ def _train_epoch_worker(model: nn.Module, optimizer: torch.optim.Optimizer, loss
     correct = torch.zeros((), dtype=torch.int64, device=device)
     seen = 0
     for start, size in starts:
+        clock = clock_for()
         if fetch is None:
             xb = xs[start + ctx.rank:start + size:ctx.world].contiguous(
                 memory_format=torch.channels_last if channels_last else torch.contiguous_format)
@@ -405,13 +411,22 @@ def _train_epoch_worker(model: nn.Module, optimizer: torch.optim.Optimizer, loss
             if input_grad:
                 xb = xb.detach().requires_grad_(True)
             t0 = time.perf_counter()
+            if clock is not None:
+                clock.start()
         else:
             t0 = time.perf_counter()
+            if clock is not None:
+                clock.start()
             xb, yb = fetch(start, size)
+            if clock is not None:
+                clock.mark("input+h2d" if sync else "input")
         share = len(yb) / size
-        out, loss = _train_step(model, loss_fn, optimizer, amp, scaler, xb, yb, share, sync)
+        out, loss = _train_step(model, loss_fn, optimizer, amp, scaler, xb, yb, share, sync, clock,
+                                backward_phase="backward+exchange")
         t1 = time.perf_counter()
         record((epoch, t0, t1, ctx.recorded_images(size)))
+        if clock is not None:
+            clock.end()
         timer.end_step()
         loss_sum += loss.detach() * len(yb)
         correct += (out.detach().argmax(1) == yb).sum()
@@ -457,6 +472,26 @@ def _exchange_probe(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: to
     synced, alone = statistics.median(timed[True]), statistics.median(timed[False])
     return {"sync_pass_seconds_median": synced, "no_sync_pass_seconds_median": alone,
             "added_seconds": synced - alone, "rounds": rounds}
+
+
+def _calibrate(device: torch.device, backend: str, ctx: distributed.Context) -> dict[str, Any]:
+    """Before training: the process group's all-reduce (SUM, float32) timed over
+    ``phases.CALIBRATION_BYTES``, each call after a barrier (docs/MODEL.md).  DDP all-reduces
+    its gradient buckets as the backward pass produces them: the exchange overlaps backward."""
+    import torch.distributed as dist
+
+    def prepare(size: int) -> Callable[[], None]:
+        buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
+
+        def call() -> None:
+            dist.all_reduce(buffer)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        return call
+
+    points = time_collective(prepare, barrier=dist.barrier)
+    return calibration(points, pattern="ring all-reduce", transport=backend, workers=ctx.world,
+                       overlaps_backward=True)
 
 
 def weights_checksum(model: nn.Module) -> float:
@@ -589,11 +624,15 @@ def _shuffled(x: torch.Tensor, y: torch.Tensor, generator: torch.Generator,
 
 
 def _train_step(model: Any, loss_fn: Any, optimizer: Any, amp: Any, scaler: Any, xb: Any, yb: Any,
-                share: float, sync: bool) -> tuple[Any, Any]:
+                share: float, sync: bool, clock: StepClock | None = None,
+                backward_phase: str = "backward") -> tuple[Any, Any]:
     """One optimizer step on a batch: forward (under autocast when ``amp``), backward of the
     loss × ``share`` (a DDP worker's share of the global batch: its gradients are then summed
     across workers into the global batch's mean), the step (through the gradient scaler when
-    there is one); on a GPU, waits for the device.  Returns (outputs, loss)."""
+    there is one); on a GPU, waits for the device.  Returns (outputs, loss).  ``clock``: a
+    sampled step's phase clock, marked after forward (zero_grad included), backward
+    (``backward_phase``: "backward+exchange" under DDP, whose bucket all-reduces run inside
+    the backward pass) and update."""
     optimizer.zero_grad(set_to_none=True)
     if amp is None:
         out = model(xb)
@@ -602,14 +641,22 @@ def _train_step(model: Any, loss_fn: Any, optimizer: Any, amp: Any, scaler: Any,
         with amp:
             out = model(xb)
             loss = loss_fn(out, yb)
+    if clock is not None:
+        clock.mark("forward")
     scaled = loss if share == 1.0 else loss * share
     if scaler is None:
         scaled.backward()
+        if clock is not None:
+            clock.mark(backward_phase)
         optimizer.step()
     else:
         scaler.scale(scaled).backward()
+        if clock is not None:
+            clock.mark(backward_phase)
         scaler.step(optimizer)
         scaler.update()
+    if clock is not None:
+        clock.mark("update")
     if sync:
         torch.cuda.synchronize()
     return out, loss
@@ -620,7 +667,8 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn
                  generator: torch.Generator, record: Callable[[StepSample], None],
                  amp: ContextManager[Any] | None = None, scaler: torch.amp.GradScaler | None = None,
                  channels_last: bool = False, feed: _Feed | None = None, input_grad: bool = False,
-                 gradients: list[int] | None = None) -> tuple[int, float, float, float]:
+                 gradients: list[int] | None = None,
+                 clock_for: Callable[[], StepClock | None] = lambda: None) -> tuple[int, float, float, float]:
     """One pass (or ``budget`` steps) over the shuffled data: (steps, loss, accuracy, seconds).
 
     Preloaded data: only zero_grad + forward + backward + step sit between the two clock
@@ -628,7 +676,10 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn
     it to the device) comes first, inside the clock.  The running loss and accuracy stay on
     the device and are read once, at the end.  ``input_grad`` (``first_layer_backward =
     "full"``): the batch requires a gradient, so backward computes the first layer's input
-    gradient too; ``gradients[0]`` counts the steps that produced one.
+    gradient too; ``gradients[0]`` counts the steps that produced one.  ``clock_for``: the
+    next step's phase clock (``log.phase_clock``), None for a step that is not sampled; a
+    loader's fetch is the ``input`` phase (``input+h2d`` on a GPU: the loader's batch is
+    copied to the device inside the fetch), preloaded tensors have none.
     """
     device = feed.device if feed is not None else x.device
     sync = device.type == "cuda"
@@ -649,15 +700,23 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn
     if feed is not None and feed.loader is not None:
         batches = feed.epoch([(start, min(batch_size, len(y) - start)) for start in range(0, stop, batch_size)],
                              generator, input_grad=input_grad)
+        fetched = "input+h2d" if sync else "input"
         while True:
+            clock = clock_for()
             t0 = time.perf_counter()
+            if clock is not None:
+                clock.start()
             batch = next(batches, None)
             if batch is None:
                 break
+            if clock is not None:
+                clock.mark(fetched)
             xb, yb = batch
-            out, loss = _train_step(model, loss_fn, optimizer, amp, scaler, xb, yb, 1.0, sync)
+            out, loss = _train_step(model, loss_fn, optimizer, amp, scaler, xb, yb, 1.0, sync, clock)
             t1 = time.perf_counter()
             record((epoch, t0, t1, len(yb)))
+            if clock is not None:
+                clock.end()
             account(out, loss, xb, yb)
             steps += 1
     else:
@@ -666,10 +725,15 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn
             xb, yb = xs[start:start + batch_size], ys[start:start + batch_size]
             if input_grad:
                 xb = xb.detach().requires_grad_(True)
+            clock = clock_for()
             t0 = time.perf_counter()
-            out, loss = _train_step(model, loss_fn, optimizer, amp, scaler, xb, yb, 1.0, sync)
+            if clock is not None:
+                clock.start()
+            out, loss = _train_step(model, loss_fn, optimizer, amp, scaler, xb, yb, 1.0, sync, clock)
             t1 = time.perf_counter()
             record((epoch, t0, t1, len(yb)))
+            if clock is not None:
+                clock.end()
             account(out, loss, xb, yb)
             steps += 1
     seen = min(stop, len(y))
@@ -899,6 +963,12 @@ def _device(params: dict[str, Any]) -> torch.device:
         raise HarnessError(f"device {params['device']!r} was asked but CUDA is not available in this environment "
                            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})")
     return device
+
+
+def _device_wait(device: torch.device) -> Callable[[], None] | None:
+    """What a sampled step's clock waits for before each reading: the GPU's queue (None on the
+    CPU, where every operation has finished when it returns)."""
+    return torch.cuda.synchronize if device.type == "cuda" else None
 
 
 def _reset_peak_memory(device: torch.device, params: dict[str, Any]) -> None:
