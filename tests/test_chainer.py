@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import textwrap
 from pathlib import Path
@@ -60,6 +61,34 @@ def in_chainer(chainer_env: Any, stage: Path, script: str) -> Any:
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def check_phases(events: list[dict[str, Any]], order: list[str], sampled: list[int]) -> list[dict[str, Any]]:
+    """The sampled steps (phase_sampling's default: every 10th timed step) are exactly
+    ``sampled``, each with one ``phases`` record of the names ``order``, all > 0 and within
+    its step's seconds; the summary's ``phases`` and ``timed_steps`` leave them out of the
+    throughput.  Returns the phase records."""
+    steps = [e for e in events if e["type"] == "step"]
+    summary = only(events, "summary")
+    warmup = summary["warmup_steps"]
+    assert [s["step"] for s in steps if s["phase"] == "sampled"] == sampled
+    assert [s["step"] - warmup for s in steps if s["phase"] == "sampled"] == [
+        k for k in range(len(steps) - warmup) if k % 10 == 9]  # every 10th timed step
+    records = [e for e in events if e["type"] == "phases"]
+    assert [r["step"] for r in records] == sampled
+    seconds = {s["step"]: s["seconds"] for s in steps}
+    for record in records:
+        assert list(record["phases"]) == order and all(v > 0 for v in record["phases"].values())
+        assert record["seconds"] == seconds[record["step"]] >= sum(record["phases"].values())
+    timed = [s for s in steps if s["phase"] == "timed"]
+    assert summary["timed_steps"] == len(timed) == len(steps) - warmup - len(sampled)
+    assert summary["throughput"] == pytest.approx(statistics.median(s["images"] / s["seconds"] for s in timed))
+    model = summary["phases"]
+    assert (model["every"], model["sampled_steps"], model["order"], model["fused"]) == (10, len(sampled), order, [])
+    for name in order:
+        assert model["median"][name] == pytest.approx(statistics.median(r["phases"][name] for r in records))
+    assert model["unsampled_step_seconds_median"] == pytest.approx(statistics.median(s["seconds"] for s in timed))
+    return records
 
 
 CONFIG = ('dict(threads=1, interop_threads="unset", onednn=None, device="cpu", conv_algo="heuristic", seed=0, '
@@ -140,11 +169,14 @@ def test_harness_run_writes_every_event_type(tmp_path, chainer_env, stage):
     steps = [e for e in events if e["type"] == "step"]
     assert len(steps) == 2 * 16 and all(s["seconds"] > 0 for s in steps)  # 512 samples in batches of 32
     assert [s["phase"] for s in steps[:6]] == ["warmup"] * 5 + ["timed"]
+    # define-by-run, preloaded numpy slices: forward, backward and update each their own call
+    check_phases(events, ["forward", "backward", "update"], sampled=[5 + 9, 5 + 19])
     layers = [e for e in events if e["type"] == "layer"]
     assert [e["name"] for e in layers] == [layer[1] for layer in models.LENET5]
     assert all(e["forward_seconds"] > 0 and e["backward_seconds"] > 0 for e in layers)
     summary = only(events, "summary")
-    assert (summary["warmup_steps"], summary["timed_steps"]) == (5, 27)
+    assert (summary["warmup_steps"], summary["timed_steps"]) == (5, 27 - 2)  # 2 sampled steps
+    assert summary["gradient_bytes"] == 61_706 * 4  # float32 gradients
     assert summary["diverged"] is False and summary["throughput"] > 0
     assert summary["accuracy"] > 0.5  # the synthetic classes are learnable
     assert summary["input_pipeline"] == {"kind": "preloaded"} and summary["input_gradient_steps"] == 0
@@ -194,7 +226,9 @@ def test_inference_mode_times_forward_batches(tmp_path, chainer_env, stage):
 @pytest.mark.slow
 def test_fp16_is_chainers_mixed16_and_learns(tmp_path, chainer_env, stage):
     """precision = "fp16": float16 weights and activations (``chainer.mixed16``), float32
-    master weights and a dynamic loss scale; with Adam and weight decay the loss falls."""
+    master weights and a dynamic loss scale; with Adam and weight decay the loss falls.  The
+    gradients are the float16 weights': 2 bytes a parameter in ``gradient_bytes``; a sampled
+    step's update holds the overflow check and the master weights' update."""
     spec = write_spec(tmp_path / "run", **CH, epochs=3, precision="fp16", optimizer="adam", lr=0.002,
                       weight_decay=5e-4, synthetic_train=256)
     proc = run_chainer(chainer_env.python, stage, spec)
@@ -203,6 +237,8 @@ def test_fp16_is_chainers_mixed16_and_learns(tmp_path, chainer_env, stage):
     assert only(events, "probe")["in_force"]["dtype"] == "mixed16"
     epochs = [e for e in events if e["type"] == "epoch"]
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"] and not only(events, "summary")["diverged"]
+    check_phases(events, ["forward", "backward", "update"], sampled=[5 + 9])  # 24 steps, 5 warm-up
+    assert only(events, "summary")["gradient_bytes"] == 61_706 * 2
 
 
 @pytest.mark.slow
@@ -357,6 +393,11 @@ def test_the_loader_feeds_the_steps(tmp_path, chainer_env):
     assert "MultiprocessIterator" in pipeline["implementation"]
     serial = only(runs["serial"], "summary")["input_pipeline"]
     assert (serial["workers"], serial["workers_seen"], serial["batches_in_process"]) == (0, 0, 32)
+    # the loader's fetch is inside the step's clock: its own phase, first; timed steps 9, 19, 29 sampled
+    sampled = [2 + 9, 2 + 19, 2 + 29]
+    for name in ("loader", "serial"):
+        check_phases(runs[name], ["input", "forward", "backward", "update"], sampled)
+    check_phases(runs["preloaded"], ["forward", "backward", "update"], sampled)
     assert only(runs["preloaded"], "summary")["input_pipeline"] == {"kind": "preloaded"}
     losses = {name: [e["train_loss"] for e in events if e["type"] == "epoch"] for name, events in runs.items()}
     assert losses["loader"] == pytest.approx(losses["preloaded"], rel=1e-5)

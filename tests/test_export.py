@@ -36,7 +36,7 @@ from matrun.warehouse.ingest import ingest
 from matrun.warehouse.query import csv_value, run_query
 
 MATRUN = str(Path(sys.executable).with_name("matrun"))
-TABLES = {"runs", "steps", "epochs", "layers", "monitor_samples", "gpu_samples", "images", "studies", "study_findings",
+TABLES = {"runs", "steps", "epochs", "layers", "monitor_samples", "gpu_samples", "step_phases", "exchange_calibration", "images", "studies", "study_findings",
           "study_cells", "schema_migrations"}
 VIEWS = set(view_sql())
 #: Text a spreadsheet would run as a formula, in a text column (runs.error_tail).
@@ -251,7 +251,8 @@ def test_an_unknown_name_is_refused_naming_it_and_the_known_ones(warehouse: Path
     assert (proc.returncode, proc.stdout) == (2, "")
     line = proc.stderr.strip()
     assert line.startswith("Error: --table nope, bogus: no such table or view in the warehouse (tables: epochs, "
-                           "gpu_samples, images, layers, monitor_samples, runs, schema_migrations, steps, studies, study_cells, "
+                           "exchange_calibration, gpu_samples, images, layers, monitor_samples, runs, schema_migrations, "
+                           "step_phases, steps, studies, study_cells, "
                            "study_findings; views: baseline, "), line
     assert all(view in line for view in VIEWS) and "\n" not in line
     assert sorted(os.listdir(tmp_path)) == []

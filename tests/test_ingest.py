@@ -290,7 +290,24 @@ BAD_BUNDLES: dict[str, tuple[Callable[[Path], None], str, str]] = {
         "0-1", "events.jsonl: line 5: step record key 'seconds' should be a number, got \"fast\""),
     "bad step phase": (
         lambda d: edit_line(d / "events.jsonl", 6, lambda r: r.update(phase="cooldown")),
-        "0-1", "events.jsonl: line 6: step phase 'cooldown' is not 'warmup' or 'timed'"),
+        "0-1", "events.jsonl: line 6: step phase 'cooldown' is not 'warmup', 'timed' or 'sampled'"),
+    "unknown phase name": (
+        lambda d: edit_line(d / "events.jsonl", 6, lambda r: (r.clear(), r.update({"type": "phases", "step": 6, "seconds": 0.01,
+                                                   "phases": {"forward": 0.004, "coffee": 0.001}}))),
+        "0-1", "events.jsonl: line 6: phases record names \"coffee\", not a phase (input, h2d, forward, "
+               "backward, exchange, update, or several joined by '+')"),
+    "phases out of order": (
+        lambda d: edit_line(d / "events.jsonl", 6, lambda r: (r.clear(), r.update({"type": "phases", "step": 6, "seconds": 0.01,
+                                                   "phases": {"update+forward": 0.004}}))),
+        "0-1", "events.jsonl: line 6: phases record names \"update+forward\", not a phase (input, h2d, "
+               "forward, backward, exchange, update, or several joined by '+')"),
+    "negative phase time": (
+        lambda d: edit_line(d / "events.jsonl", 6, lambda r: (r.clear(), r.update({"type": "phases", "step": 6, "seconds": 0.01,
+                                                   "phases": {"forward": -1}}))),
+        "0-1", "events.jsonl: line 6: phases record's 'forward' should be a finite number of seconds >= 0, got -1"),
+    "phases not an object": (
+        lambda d: edit_line(d / "events.jsonl", 6, lambda r: (r.clear(), r.update({"type": "phases", "step": 6, "seconds": 0.01, "phases": [1]}))),
+        "0-1", "events.jsonl: line 6: phases record key 'phases' should be an object, got [1]"),
     "ok run without summary": (
         lambda d: edit_line_raw(d / "events.jsonl", 13, '{"type": "note"}'),
         "0-1", "events.jsonl: has no summary record, but result.json says status ok"),

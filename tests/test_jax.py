@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import textwrap
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 from matrun.errors import MatrixError
 from matrun.runner.executors.local import cell_environment
-from matrun.runner.harness import models
+from matrun.runner.harness import models, phases
 from matrun.runner.harness.adapters import jax as jax_adapter
 from matrun.runner.planning.matrix import parse_matrix
 from test_harness import EVENT_KEYS, ZOO_PARITY, events_of, only, write_spec
@@ -45,6 +46,39 @@ def in_jax(jax_env: Any, stage: Path, script: str, *, env: dict[str, str] | None
                           env={"PYTHONPATH": str(stage), "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def check_phases(events: list[dict[str, Any]], order: list[str], sampled: list[int]) -> list[dict[str, Any]]:
+    """The sampled steps (phase_sampling's default: every 10th timed step) are exactly
+    ``sampled``, each with one ``phases`` record of the names ``order`` (the jitted step's
+    phases under one fused name), all > 0 and within its step's seconds; the summary's
+    ``phases``, ``timed_steps`` and throughput leave them out; ``gradient_bytes`` is the
+    model's parameters in float32 (the gradients are float32 at every precision).  Returns
+    the phase records."""
+    steps = [e for e in events if e["type"] == "step"]
+    summary = only(events, "summary")
+    warmup = summary["warmup_steps"]
+    assert [s["step"] for s in steps] == list(range(len(steps)))
+    assert [s["step"] for s in steps if s["phase"] == "sampled"] == sampled
+    assert [s["step"] - warmup for s in steps if s["phase"] == "sampled"] == [
+        k for k in range(len(steps) - warmup) if k % 10 == 9]  # every 10th timed step
+    records = [e for e in events if e["type"] == "phases"]
+    assert [r["step"] for r in records] == sampled
+    seconds = {s["step"]: s["seconds"] for s in steps}
+    for record in records:
+        assert list(record["phases"]) == order and all(v > 0 for v in record["phases"].values())
+        assert record["seconds"] == seconds[record["step"]] >= sum(record["phases"].values())
+    timed = [s for s in steps if s["phase"] == "timed"]
+    assert summary["timed_steps"] == len(timed) == len(steps) - warmup - len(sampled)
+    assert summary["throughput"] == pytest.approx(statistics.median(s["images"] / s["seconds"] for s in timed))
+    model = summary["phases"]
+    assert (model["every"], model["sampled_steps"], model["order"]) == (10, len(sampled), order)
+    assert model["fused"] == [name for name in order if "+" in name] and model["fused"]
+    for name in order:
+        assert model["median"][name] == pytest.approx(statistics.median(r["phases"][name] for r in records))
+    assert model["unsampled_step_seconds_median"] == pytest.approx(statistics.median(s["seconds"] for s in timed))
+    assert summary["gradient_bytes"] == only(events, "model")["parameters"] * 4
+    return records
 
 
 CONFIG = ('dict(threads=2, interop_threads="unset", onednn=True, device="cpu", conv_algo="heuristic", seed=0, '
@@ -184,7 +218,24 @@ def test_harness_run_writes_every_event_type(tmp_path, jax_env, stage):
     assert all(e["forward_seconds"] > 0 for e in layers) and layers[0]["backward_seconds"] > 0
     summary = only(events, "summary")
     assert any("unfused" in note for note in summary["notes"])
-    assert summary["timed_steps"] == 2 * 16 - 5 and summary["accuracy"] is not None
+    assert summary["timed_steps"] == 2 * 16 - 5 - 2 and summary["accuracy"] is not None  # 2 sampled
+    # preloaded batches are on the device before the clock starts: the one jitted program is the step
+    check_phases(events, ["forward+backward+update"], [5 + 9, 5 + 19])
+
+
+@pytest.mark.slow
+def test_a_loaders_step_times_its_fetch_and_copy_apart_from_the_jitted_step(tmp_path, jax_env, stage):
+    """input_pipeline = "loader": the fetch (numpy conversion in a loader thread) and the
+    device_put are inside the step's clock and marked apart; the jitted step stays one fused
+    phase.  22 steps over two epochs (16 + 6): the sampling counts timed steps across them."""
+    spec = write_spec(tmp_path / "run", **JAX, epochs=None, iterations=22, warmup_steps=2, threads=1,
+                      input_pipeline="loader", loader_workers=1)
+    proc = run_jax(jax_env.python, stage, spec)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = events_of(spec.parent)
+    assert [e["steps"] for e in events if e["type"] == "epoch"] == [16, 6]
+    check_phases(events, ["input", "h2d", "forward+backward+update"], [2 + 9, 2 + 19])
+    assert only(events, "summary")["input_pipeline"]["kind"] == "loader"
 
 
 @pytest.mark.slow
@@ -278,6 +329,17 @@ def test_two_workers_over_jax_distributed_and_gloo(tmp_path, jax_env):
     s = check_two_workers(outcome, run_dir)
     assert s["exchange"]["backend"] == "gloo" and "all-reduce" in s["exchange"]["method"]
     assert s["exchange"]["no_sync_pass_seconds_median"] > 0
+    # the psum runs inside the jitted mesh step: the exchange is fused with the rest (12 steps, 2 warm-up)
+    check_phases(events_of(run_dir), ["forward+backward+exchange+update"], [2 + 9])
+    # before training, every worker timed the step's psum (gloo's ring) over the calibration sizes
+    for calibrated in (s["exchange"]["calibration"], s["per_worker"][1]["exchange"]["calibration"]):
+        sizes = [b for b, _ in calibrated["points"]]
+        assert len(sizes) == 4 and sizes == sorted(set(sizes)) == list(phases.CALIBRATION_BYTES)
+        assert all(seconds > 0 for _, seconds in calibrated["points"])
+        assert calibrated["bandwidth_bytes_per_s"] is None or calibrated["bandwidth_bytes_per_s"] > 0
+        assert calibrated["latency_s"] is None or calibrated["latency_s"] >= 0
+        assert (calibrated["pattern"], calibrated["transport"], calibrated["workers"],
+                calibrated["overlaps_backward"]) == ("ring all-reduce", "gloo", 2, False)
 
 
 # --- host side -------------------------------------------------------------------------

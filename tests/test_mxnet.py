@@ -1,9 +1,11 @@
 """MXNet 1.9.1 as a matrun framework: the same networks as the zoo, real harness runs in the
-real MXNet environment, the switches that reach the cell, and what is refused at plan time."""
+real MXNet environment (phase-sampled steps and the parameter-server calibration included), the
+switches that reach the cell, and what is refused at plan time."""
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import textwrap
 from pathlib import Path
@@ -18,6 +20,7 @@ from matrun.runner.harness.adapters import mxnet as mxnet_gluon
 from matrun.runner.planning.matrix import parse_matrix
 from test_harness import EVENT_KEYS, ZOO_PARITY, events_of, only, run_harness, write_spec
 from test_local_executor import run_cell
+from test_workers import TWO_CPUS, params as worker_params, run_local
 
 MX = {"framework": "mxnet", "env_id": "mxnet-cpu-test"}
 ZOO = [zoo[:3] for zoo in ZOO_PARITY]
@@ -26,6 +29,40 @@ ZOO = [zoo[:3] for zoo in ZOO_PARITY]
 def plan(**fixed: Any) -> dict[str, Any]:
     (cell,) = parse_matrix({"fixed": {"framework": "mxnet", **fixed}}, path=Path("matrix.toml")).cells
     return dict(cell.values)
+
+
+def check_phases(events: list[dict[str, Any]], order: list[str], *, warmup: int, every: int = 10,
+                 aggregate: bool = False) -> list[int]:
+    """The sampled steps of one process's events: every ``every``-th timed step, one phases
+    record each with ``order``'s phases (all > 0, their sum within the step), the summary's
+    ``phases`` computed from them, the throughput and ``timed_steps`` over the other timed
+    steps (``aggregate``: a multi-worker rank 0, whose throughput is the cell's); returns the
+    sampled step numbers."""
+    steps = [e for e in events if e["type"] == "step"]
+    assert [s["step"] for s in steps] == list(range(len(steps)))
+    expected = [i for i in range(warmup, len(steps)) if (i - warmup) % every == every - 1]
+    assert expected, "the run is too short to sample a step"
+    assert [s["step"] for s in steps if s["phase"] == "sampled"] == expected
+    assert [s["phase"] for s in steps[:warmup]] == ["warmup"] * warmup
+    records = [e for e in events if e["type"] == "phases"]
+    assert [r["step"] for r in records] == expected
+    for record in records:
+        assert list(record["phases"]) == order
+        assert all(v > 0 for v in record["phases"].values()), record
+        assert record["seconds"] == steps[record["step"]]["seconds"] >= sum(record["phases"].values())
+    summary = only(events, "summary")
+    timed = [s for s in steps if s["phase"] == "timed"]
+    assert summary["timed_steps"] == len(timed) == len(steps) - warmup - len(expected)
+    if not aggregate:
+        assert summary["throughput"] == pytest.approx(statistics.median(s["images"] / s["seconds"] for s in timed))
+    model = summary["phases"]
+    assert (model["every"], model["sampled_steps"], model["order"]) == (every, len(expected), order)
+    assert model["fused"] == [name for name in order if "+" in name]
+    for name in order:
+        assert model["median"][name] == pytest.approx(statistics.median(r["phases"][name] for r in records))
+    assert model["unsampled_step_seconds_median"] == pytest.approx(statistics.median(s["seconds"] for s in timed))
+    assert summary["gradient_bytes"] == only(events, "model")["parameters"] * 4  # float32 gradients
+    return expected
 
 
 # --- in the MXNet environment ----------------------------------------------------------
@@ -73,8 +110,11 @@ def test_harness_run_writes_every_event_type(tmp_path, mxnet_env, stage):
     assert len(steps) == 2 * 16  # 512 samples in batches of 32, two epochs
     assert [s["phase"] for s in steps[:6]] == ["warmup"] * 5 + ["timed"]
     assert all(s["seconds"] > 0 for s in steps)
+    # every 10th timed step is sampled (phase_sampling's default): preloaded batches, one context
+    assert check_phases(events, ["forward", "backward", "update"], warmup=5) == [14, 24]
     summary = only(events, "summary")
-    assert (summary["warmup_steps"], summary["timed_steps"]) == (5, 27)
+    assert (summary["warmup_steps"], summary["timed_steps"]) == (5, 25)
+    assert summary["gradient_bytes"] == 61_706 * 4
     assert 0.0 <= summary["accuracy"] <= 1.0 and summary["diverged"] is False
     assert summary["throughput"] > 0
     layers = [e for e in events if e["type"] == "layer"]
@@ -89,6 +129,61 @@ def test_harness_run_writes_every_event_type(tmp_path, mxnet_env, stage):
     assert probe["mismatches"] == []
     assert probe.get("onednn_check_error") is None, probe.get("onednn_check_error")
     assert probe["onednn_primitives"] > 0 and probe["onednn_primitive_kinds"]["convolution"] > 0
+
+
+@pytest.mark.slow
+def test_loader_steps_sample_the_fetch_as_input(tmp_path, mxnet_env, stage):
+    spec = write_spec(tmp_path / "run", **MX, epochs=None, iterations=9, warmup_steps=2, phase_sampling=3,
+                      input_pipeline="loader", loader_workers=1)
+    proc = run_harness(mxnet_env.python, stage, spec, threads=1)
+    assert proc.returncode == 0, proc.stderr
+    events = events_of(spec.parent)
+    assert check_phases(events, ["input", "forward", "backward", "update"], warmup=2, every=3) == [4, 7]
+    summary = only(events, "summary")
+    assert summary["input_pipeline"]["kind"] == "loader" and summary["input_pipeline"]["workers_seen"] == 1
+    assert "exchange" not in summary  # one process: no kvstore exchange, no calibration
+
+
+def initial_checksum(python: Path, stage: Path, p: dict[str, Any]) -> float:
+    """Sum of |w| of the cell's network as the adapter initialises it (same seed), before any step."""
+    script = textwrap.dedent(f"""
+        from matrun.runner.harness.adapters import mxnet as a
+        p = {p!r}
+        a.configure(p)
+        net = a.build(p["model"], tuple(p["synthetic_shape"]), p["synthetic_classes"])
+        net.initialize(a._initializer(), ctx=[a.mx.cpu()])
+        print(repr(a.weights_checksum(net)))
+    """)
+    proc = subprocess.run([str(python), "-c", script], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(stage), "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kvstore", ["dist_sync", "dist_async"])
+def test_parameter_server_cell_samples_phases_and_calibrates(tmp_path, mxnet_env, stage, kvstore):
+    p = worker_params(framework="mxnet", workers=2, kvstore=kvstore, phase_sampling=5,
+                      **({"cpuset": "0-1"} if TWO_CPUS else {}))
+    outcome, run_dir = run_local(tmp_path, p)
+    assert outcome.status == "ok", outcome.error_tail
+    order = ["forward", "backward", "exchange+update"]  # trainer.step: push, the server's update, pull
+    # 12 steps, 2 of warm-up: timed steps 4 and 9 sampled, on every worker
+    assert check_phases(events_of(run_dir), order, warmup=2, every=5, aggregate=True) == [6, 11]
+    assert check_phases(events_of(run_dir / "workers" / "worker-1"), order, warmup=2, every=5) == [6, 11]
+    exchange = only(events_of(run_dir), "summary")["exchange"]
+    assert exchange["kvstore"] == kvstore and exchange["seconds_median"] > 0
+    calibrated = exchange["calibration"]
+    points = calibrated["points"]
+    assert [b for b, _ in points] == [4 * 1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024]
+    assert all(seconds > 0 for _, seconds in points)
+    assert calibrated["bandwidth_bytes_per_s"] is None or calibrated["bandwidth_bytes_per_s"] > 0
+    assert (calibrated["pattern"], calibrated["transport"], calibrated["workers"],
+            calibrated["overlaps_backward"]) == ("parameter server", "ps-lite (ZeroMQ, TCP)", 2, False)
+    # the calibration's server optimizer (learning rate 0) gave way to the cell's: the weights moved
+    assert exchange["weights_checksum"] != pytest.approx(initial_checksum(mxnet_env.python, stage, p), rel=1e-6)
+    if kvstore == "dist_sync":
+        assert only(events_of(run_dir), "summary")["replicas_identical"] is True
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from matrun.warehouse.db import VIEW_COMMENT_PREFIX, open_warehouse
 from matrun.warehouse.ingest import ingest
 from matrun.warehouse.query import run_query
 
-TABLES = {"runs", "steps", "epochs", "monitor_samples", "gpu_samples", "layers", "images", "studies", "study_findings",
+TABLES = {"runs", "steps", "epochs", "monitor_samples", "gpu_samples", "step_phases", "exchange_calibration", "layers", "images", "studies", "study_findings",
           "study_cells", "schema_migrations", "cell_cache", "cache_state",
           *(cache.table for cache in materialise.CACHED)}
 VIEWS = {"run_overview", "cell_status", "cell_durations", "baseline", "epoch_curve",
@@ -52,7 +52,7 @@ def test_new_warehouse_has_tables_views_and_every_migration_row(tmp_path: Path) 
         assert VIEWS <= _names(wh.con, "views")
     rows = _migration_rows(path)
     assert [(v, n) for v, n, _ in rows] == [(1, "initial"), (2, "layers"), (3, "images"), (4, "studies"),
-                                       (5, "bundle_stat"), (6, "view_caches"), (7, "gpu_energy_state")]
+                                       (5, "bundle_stat"), (6, "view_caches"), (7, "gpu_energy_state"), (8, "phases")]
     assert rows[0][2]  # applied_at recorded
 
 

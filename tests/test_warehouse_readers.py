@@ -21,7 +21,7 @@ from matrun.warehouse.db import open_warehouse, view_sql
 from matrun.warehouse.ingest import ingest
 from matrun.warehouse.query import run_query
 
-TABLES = ("runs", "steps", "epochs", "layers", "monitor_samples", "gpu_samples", "images", "studies",
+TABLES = ("runs", "steps", "epochs", "layers", "monitor_samples", "gpu_samples", "step_phases", "exchange_calibration", "images", "studies",
           "study_findings", "study_cells", "schema_migrations")
 
 

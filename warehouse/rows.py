@@ -47,6 +47,15 @@ RUNS_SCHEMA = pa.schema([
     ("gpu_util_avg", pa.float64()), ("gpu_mem_used_peak_bytes", pa.int64()),
     ("gpu_power_avg_w", pa.float64()), ("gpu_energy_j", pa.float64()), ("gpu_throttled", pa.bool_()),
     ("cpu_energy_j", pa.float64()), ("busy_start", pa.bool_()),
+    # the performance model's inputs (migration 008)
+    ("gradient_bytes", pa.int64()), ("phase_every", pa.int32()),
+])
+STEP_PHASES_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("step", pa.int32()), ("ordinal", pa.int32()), ("phase", pa.string()),
+    ("seconds", pa.float64()), ("step_seconds", pa.float64()),
+])
+CALIBRATION_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("bytes", pa.int64()), ("seconds", pa.float64()),
 ])
 STEPS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("epoch", pa.int32()), ("step", pa.int32()),
@@ -95,6 +104,8 @@ NOT_NULL = {
     "monitor_samples": ("run_id", "t"),
     "gpu_samples": ("run_id", "t", "gpu"),
     "layers": ("run_id", "name", "kind"),
+    "step_phases": ("run_id", "step", "ordinal", "phase", "seconds"),
+    "exchange_calibration": ("run_id", "bytes", "seconds"),
 }
 
 
@@ -121,7 +132,10 @@ def bundle_tables(bundle: Bundle) -> dict[str, pa.Table]:
               "monitor_samples": _rows_table("monitor_samples", run_id, bundle.monitor_samples,
                                              SAMPLES_SCHEMA),
               "layers": _records_table("layers", run_id, bundle.layers, LAYERS_SCHEMA),
-              "gpu_samples": _rows_table("gpu_samples", run_id, bundle.gpu_samples, GPU_SAMPLES_SCHEMA)}
+              "gpu_samples": _rows_table("gpu_samples", run_id, bundle.gpu_samples, GPU_SAMPLES_SCHEMA),
+              "step_phases": _records_table("step_phases", run_id, bundle.phases, STEP_PHASES_SCHEMA),
+              "exchange_calibration": _records_table("exchange_calibration", run_id,
+                                                     calibration_points(bundle.summary), CALIBRATION_SCHEMA)}
     for name, table in tables.items():
         for column in NOT_NULL[name]:
             if table.column(column).null_count:
@@ -196,8 +210,28 @@ def _runs_table(bundles: list[Bundle]) -> pa.Table:
         row.update({col: _number(summary.get(col), col) for col in _SUMMARY_COLUMNS})
         row.update({col: _number(monitor.get(key), col) for col, key in _MONITOR_COLUMNS.items()})
         row["busy_start"] = _number(_state(result.get("host")).get("busy"), "busy_start")
+        row["gradient_bytes"] = _number(summary.get("gradient_bytes"), "gradient_bytes")
+        phases = summary.get("phases")
+        row["phase_every"] = _number(phases.get("every"), "phase_every") if isinstance(phases, dict) else None
         rows.append(row)
     return _arrow("runs", {f.name: [row.get(f.name) for row in rows] for f in RUNS_SCHEMA}, RUNS_SCHEMA)
+
+
+def calibration_points(summary: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """summary.exchange.calibration.points as rows: each a [bytes, seconds] pair of a
+    positive integer and a finite number >= 0; anything else in the list is left out (the
+    summary keeps it as written)."""
+    exchange = (summary or {}).get("exchange")
+    calibration = exchange.get("calibration") if isinstance(exchange, dict) else None
+    points = calibration.get("points") if isinstance(calibration, dict) else None
+    rows = []
+    for point in points if isinstance(points, list) else ():
+        if (isinstance(point, list) and len(point) == 2 and isinstance(point[0], int)
+                and not isinstance(point[0], bool) and 0 < point[0] < 2**63
+                and isinstance(point[1], (int, float)) and not isinstance(point[1], bool)
+                and point[1] >= 0 and point[1] != float("inf")):
+            rows.append({"bytes": point[0], "seconds": float(point[1])})
+    return rows
 
 
 def _image_columns(image: Any) -> dict[str, str | None]:

@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from matrun.errors import BundleError, InputError
+from matrun.runner.harness.phases import PHASES as PHASE_NAMES, known as phase_known  # stdlib only
 from matrun.warehouse.bundles.layout import (
     EVENTS, GPU, MONITOR, RESULT, SCHEMA_VERSION, SPEC, STATUSES, RunKey, run_dir_name,
 )
@@ -117,7 +118,10 @@ _SAMPLE_KEYS: _Spec = {"t": "num", "cpu_user": "num?", "cpu_system": "num?", "io
 _GPU_KEYS: _Spec = {"t": "num", "gpu": "int", "util": "num?", "mem_util": "num?",
                     "mem_used_bytes": "int64?", "power_w": "num?", "energy_j": "num?",
                     "sm_clock_mhz": "int?", "mem_clock_mhz": "int?", "temp_c": "num?", "throttle": "int64?"}
-_PHASES = ("warmup", "timed")
+_PHASE_KEYS: _Spec = {"step": "int", "seconds": "num", "phases": "obj"}
+#: Step phases: the warm-up, the timed steps, and the timed steps sampled for their phases
+#: (kept out of the throughput, docs/MODEL.md).
+_PHASES = ("warmup", "timed", "sampled")
 
 
 class BadBundle(BundleError):
@@ -163,6 +167,8 @@ class Bundle:
     steps: Rows = field(default_factory=list)
     epochs: list[dict[str, Any]] = field(default_factory=list)
     layers: list[dict[str, Any]] = field(default_factory=list)
+    # one row per phase of each sampled step: {step, ordinal, phase, seconds, step_seconds}
+    phases: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     monitor_header: dict[str, Any] = field(default_factory=dict)
     monitor_samples: Rows = field(default_factory=list)
@@ -838,7 +844,7 @@ def _read_events(bundle: Bundle, path: Path, file: _File | None, digest: Any, *,
             raise BadBundle(path, "is missing or empty, but result.json says status ok")
         return
     checks = {"step": _STEP_KEYS, "epoch": _EPOCH_KEYS, "summary": _SUMMARY_KEYS, "layer": _LAYER_KEYS,
-              "probe": _PROBE_KEYS}
+              "probe": _PROBE_KEYS, "phases": _PHASE_KEYS}
 
     def take(number: int, record: dict[str, Any]) -> bool:
         kind = record.get("type")
@@ -849,8 +855,10 @@ def _read_events(bundle: Bundle, path: Path, file: _File | None, digest: Any, *,
         elif kind == "step":
             if record["phase"] not in _PHASES:
                 raise BadBundle(path, f"line {number}: step phase {record['phase']!r} is not "
-                                      "'warmup' or 'timed'")
+                                      "'warmup', 'timed' or 'sampled'")
             return True
+        elif kind == "phases":
+            bundle.phases.extend(_phase_rows(path, number, record))
         elif kind == "epoch":
             bundle.epochs.append(record)
         elif kind == "layer":
@@ -872,6 +880,22 @@ def _read_events(bundle: Bundle, path: Path, file: _File | None, digest: Any, *,
 
     lines = _JsonLines(path, finished_ok, bundle.warnings, _STEP_LINES, take)
     bundle.steps = lines.read(file, digest)
+
+
+def _phase_rows(path: Path, number: int, record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ``phases`` record's rows: each phase name (a phase of ``phases.PHASES`` or several
+    joined by ``+``) with its seconds, a finite number >= 0, in the record's order."""
+    rows = []
+    for ordinal, (name, seconds) in enumerate(record["phases"].items()):
+        if not phase_known(name):
+            raise BadBundle(path, f"line {number}: phases record names {_show(name)}, not a phase "
+                                  f"({', '.join(PHASE_NAMES)}, or several joined by '+')")
+        if not _is_num(seconds) or not math.isfinite(seconds) or seconds < 0:
+            raise BadBundle(path, f"line {number}: phases record's {name!r} should be a finite "
+                                  f"number of seconds >= 0, got {_show(seconds)}")
+        rows.append({"step": record["step"], "ordinal": ordinal, "phase": name, "seconds": float(seconds),
+                     "step_seconds": float(record["seconds"])})
+    return rows
 
 
 def _read_monitor(bundle: Bundle, path: Path, file: _File | None, digest: Any, *,

@@ -7,7 +7,9 @@ Python 3.11), no CuPy (the GPU backend, out of scope), no ChainerX (not in the P
 A convolution is ``im2col_cpu`` + ``numpy.tensordot``, a dense layer ``numpy.dot``: both run
 on the OpenBLAS the numpy wheel bundles, the only thread pool in the process.  Everything
 else (im2col, pooling, activations, the optimizers) is single-threaded numpy in the Python
-thread.  The computation is synchronous: the clock needs no synchronisation.
+thread.  The computation is synchronous: the clock needs no synchronisation, and a sampled
+step's phases (``phase_sampling``: a loader's ``input``, ``forward``, ``backward``, ``update``,
+each its own call in define-by-run) are read without a device wait.
 
 Switches (Chainer is imported lazily, in ``configure``, after the environment is set):
 
@@ -22,8 +24,10 @@ Switches (Chainer is imported lazily, in ``configure``, after the environment is
   float16, the loss is computed in float32, the optimizer keeps float32 master weights
   (``use_fp32_update``) and scales the loss dynamically (``loss_scaling()``: Chainer's rule,
   the scale doubling from 1 until a gradient overflows, halved on overflow and the update
-  skipped).  numpy has no float16 BLAS, so this is much slower than fp32.  bf16 (numpy has no
-  bfloat16) and tf32 (a GPU feature) are refused.
+  skipped).  numpy has no float16 BLAS, so this is much slower than fp32.  The gradients are
+  the float16 weights', so the summary's ``gradient_bytes`` counts 2 bytes a parameter
+  (``gradient_element_bytes``; BatchNorm's float32 scale and shift are counted at 2 too).
+  bf16 (numpy has no bfloat16) and tf32 (a GPU feature) are refused.
 - ``seed``: numpy's global generator (Chainer's initialisers and dropout draw from it) and
   Python's ``random``.
 
@@ -56,6 +60,7 @@ from .. import models as zoo
 from ..datasets import Dataset, Split
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
+from ..phases import StepClock
 from ..spec import setting
 from . import TrainOutcome
 
@@ -205,16 +210,20 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     gradients = [0]  # steps whose backward produced the input's gradient
     notes: list[str] = []
 
+    # fp16 (mixed16): the links' weights, and so the gradients the step produces, are float16
+    element_bytes = 2 if params["precision"] == "fp16" else 4
+
     def outcome(**more: Any) -> TrainOutcome:
         return TrainOutcome(notes=notes, model=net, input_gradient_steps=gradients[0],
-                            input_pipeline=feed.describe(), **more)
+                            input_pipeline=feed.describe(), gradient_element_bytes=element_bytes, **more)
 
     epoch, done = 0, 0
     while (done < iterations) if iterations else (epoch < params["epochs"]):
         budget = iterations - done if iterations else None
         starts = distributed.batch_starts(len(feed.y), params["batch_size"], 1, budget)
         steps, loss, accuracy, seconds = train_epoch(net, optimizer, feed, starts, epoch=epoch, seed=params["seed"],
-                                                     record=log.steps.append, gradients=gradients if full else None)
+                                                     record=log.steps.append, gradients=gradients if full else None,
+                                                     clock_for=log.phase_clock)
         done += steps
         test_loss, test_accuracy, test_seconds = evaluate(net, x_test, y_test, params["eval_batch_size"])
         validation = evaluate(net, *held, params["eval_batch_size"]) if held else None
@@ -516,8 +525,8 @@ def _loss(y: Any, t: Any, reduce: str = "mean") -> Any:
 
 
 def train_epoch(net: Any, optimizer: Any, feed: Feed, starts: list[tuple[int, int]], *, epoch: int, seed: int,
-                record: Callable[[StepSample], None],
-                gradients: list[int] | None = None) -> tuple[int, float, float, float]:
+                record: Callable[[StepSample], None], gradients: list[int] | None = None,
+                clock_for: Callable[[], StepClock | None] = lambda: None) -> tuple[int, float, float, float]:
     """One pass (or a budget of steps) over the shuffled data: (steps, loss, accuracy, seconds).
 
     Preloaded data: the batch is sliced before the clock starts; between the two readings are
@@ -525,7 +534,12 @@ def train_epoch(net: Any, optimizer: Any, feed: Feed, starts: list[tuple[int, in
     batch's fetch from the iterator (and its conversion) comes first, inside the clock.
     ``gradients`` (``first_layer_backward = "full"``): the batch is a ``Variable`` that
     requires its gradient, so backward computes conv1's input gradient too; ``gradients[0]``
-    counts the steps where it is non-zero."""
+    counts the steps where it is non-zero.  ``clock_for``: the next step's phase clock
+    (``log.phase_clock``), None for a step that is not sampled.  Define-by-run keeps the
+    phases apart: a loader's fetch is ``input`` (preloaded slices have none), ``cleargrads``
+    + the forward pass + the loss ``forward``, ``loss.backward`` ``backward``,
+    ``optimizer.update`` (weight decay hook, fp16's overflow check and float32 master
+    update included) ``update``.  No device wait: numpy has finished when a call returns."""
     t_epoch = time.perf_counter()
     order = np.random.default_rng([seed, epoch]).permutation(len(feed.y))
     batches = feed.epoch(order, starts)
@@ -534,21 +548,36 @@ def train_epoch(net: Any, optimizer: Any, feed: Feed, starts: list[tuple[int, in
     try:
         with chainer.using_config("train", True):
             for _start, size in starts:
+                clock = clock_for()
                 if feed.loader:
                     t0 = time.perf_counter()
+                    if clock is not None:
+                        clock.start()
                     xb, yb = next(batches)
                     x = Variable(xb, requires_grad=True) if gradients is not None else xb
+                    if clock is not None:
+                        clock.mark("input")
                 else:
                     xb, yb = next(batches)
                     x = Variable(xb, requires_grad=True) if gradients is not None else xb
                     t0 = time.perf_counter()
+                    if clock is not None:
+                        clock.start()
                 net.cleargrads()
                 out = net(x)
                 loss = _loss(out, yb)
+                if clock is not None:
+                    clock.mark("forward")
                 loss.backward(loss_scale=optimizer._loss_scale)  # None unless fp16's dynamic scaling
+                if clock is not None:
+                    clock.mark("backward")
                 optimizer.update()
+                if clock is not None:
+                    clock.mark("update")
                 t1 = time.perf_counter()
                 record((epoch, t0, t1, size))
+                if clock is not None:
+                    clock.end()
                 steps += 1
                 loss_sum += float(loss.array) * len(yb)
                 correct += int((out.array.argmax(axis=1) == yb).sum())

@@ -8,6 +8,15 @@ input shape: the programs of every batch shape a run meets (the full batch and t
 last partial one) are compiled ahead of time (``jit(...).lower(...).compile()``), before the
 first timed step, so no step's time holds a compilation.
 
+Phases (sampled steps, ``phase_sampling``).  The jitted step is one XLA program: forward,
+backward, the all-reduce of a mesh and the update are recorded together as
+``forward+backward+update`` (``forward+backward+exchange+update`` on a mesh), never split.
+With ``input_pipeline = "loader"`` the fetch (``input``) and the ``device_put`` (``h2d``)
+are inside the clock and marked apart; preloaded batches are put on the device before the
+clock starts.  The clock needs no wait of its own: every mark follows a
+``block_until_ready`` the step makes anyway, sampled or not.  A multi-worker cell times the
+same ``psum`` its step all-reduces with before training (``_calibrate``).
+
 Threads.  XLA's CPU runtime runs its work on one intra-op pool (threads named
 ``tf_XLAEigen``) sized from the CPUs the process may run on (``tsl::port::MaxParallelism``,
 the affinity mask); ``OMP_NUM_THREADS``, ``--xla_cpu_multi_thread_eigen=false`` and the
@@ -68,6 +77,7 @@ from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO
 from ..models import block_layers, forward_flops
+from ..phases import StepClock, calibration, time_collective
 from ..probe import thread_census
 from ..spec import model_problem, setting
 from . import TrainOutcome
@@ -247,6 +257,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     held = arrays(dataset.validation, dataset.shape, params["layout"]) if dataset.validation and ctx.chief else None
     full = setting(params, "first_layer_backward") == "full"
     trainer = Trainer(net, params, state, place, input_gradient=full)
+    calibrated = _calibrate(trainer, ctx) if ctx.distributed else None  # the workers have joined (configure)
     evaluator = Evaluator(net, params)
     iterations, patience = params["iterations"], setting(params, "early_stopping")
     gradients = [0]
@@ -263,9 +274,11 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         starts = distributed.batch_starts(len(feed.y), batch, ctx.world, budget)
         if not starts and ctx.distributed:
             raise HarnessError(f"the training set ({len(feed.y)} samples) is smaller than the {ctx.world} workers")
+        # no device wait for the clock: each mark follows the step's own block_until_ready
         steps, loss, accuracy, seconds = train_epoch(trainer, feed, starts, epoch=epoch, seed=params["seed"],
                                                      record=log.steps.append, ctx=ctx,
-                                                     gradients=gradients if full else None)
+                                                     gradients=gradients if full else None,
+                                                     clock_for=lambda: log.phase_clock(None))
         done += steps
         validation = None
         if ctx.chief:
@@ -280,11 +293,11 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
                   validation=validation)
         if not math.isfinite(loss):
             notes.append(f"training loss became {loss} in epoch {epoch}; stopped")
-            return outcome(diverged=True, exchange=_exchange(trainer, feed, batch, log, ctx))
+            return outcome(diverged=True, exchange=_exchange(trainer, feed, batch, log, ctx, calibrated))
         if log.should_stop(patience):
-            return outcome(stopped_early=True, exchange=_exchange(trainer, feed, batch, log, ctx))
+            return outcome(stopped_early=True, exchange=_exchange(trainer, feed, batch, log, ctx, calibrated))
         epoch += 1
-    return outcome(exchange=_exchange(trainer, feed, batch, log, ctx))
+    return outcome(exchange=_exchange(trainer, feed, batch, log, ctx, calibrated))
 
 
 def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
@@ -734,6 +747,8 @@ class Trainer:
         self.key = jax.random.PRNGKey(params["seed"] + 1)
         self.world = len(place.devices) if place.sharded else 1
         self.step_index = 0
+        # the phases one call of the jitted step runs, fused (a mesh's psum is inside it)
+        self.phase = "forward+backward+exchange+update" if place.sharded else "forward+backward+update"
         self._compiled: dict[Any, Any] = {}
         if place.sharded:
             from jax.sharding import NamedSharding, PartitionSpec
@@ -823,11 +838,14 @@ class Trainer:
 
     def batch(self, xb: Any, yb: Any, size: int) -> tuple[Any, Any, Any]:
         """This process's share of a global batch of ``size`` as the step's inputs (on the
-        device, ready)."""
+        device, ready): ``put(host_batch(...))``."""
+        return self.put(self.host_batch(xb, yb, size), size)
+
+    def host_batch(self, xb: Any, yb: Any, size: int) -> tuple[Any, Any, Any]:
+        """The step's inputs on the host (numpy): the samples, labels and weights; on a mesh
+        this process's samples split over its devices, each part padded to the largest share."""
         if not self.place.sharded:
-            w = np.ones(len(yb), np.float32)
-            out = jax.device_put((xb, yb, w), self.place.devices[0])
-            return jax.block_until_ready(out)
+            return xb, yb, np.ones(len(yb), np.float32)
         # equal shares: pad this process's samples (one device each) to the largest share
         local = len(self.place.mesh.local_devices)
         per = math.ceil(size / self.world)
@@ -842,10 +860,18 @@ class Trainer:
                                                                                             xb.dtype)
                 part_y = np.concatenate([part_y, part_y[take]]) if len(part_y) else np.zeros(pad, yb.dtype)
             xs.append(part_x), ys.append(part_y), ws.append(w)
-        glob = per * self.world
-        x = jax.make_array_from_process_local_data(self.split, np.concatenate(xs), (glob, *xb.shape[1:]))
-        y = jax.make_array_from_process_local_data(self.split, np.concatenate(ys), (glob,))
-        w = jax.make_array_from_process_local_data(self.split, np.concatenate(ws), (glob,))
+        return np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)
+
+    def put(self, host: tuple[Any, Any, Any], size: int) -> tuple[Any, Any, Any]:
+        """``host_batch``'s arrays on the device (one, or this process's part of the mesh),
+        waited for with ``block_until_ready``."""
+        xh, yh, wh = host
+        if not self.place.sharded:
+            return jax.block_until_ready(jax.device_put((xh, yh, wh), self.place.devices[0]))
+        glob = math.ceil(size / self.world) * self.world
+        x = jax.make_array_from_process_local_data(self.split, xh, (glob, *xh.shape[1:]))
+        y = jax.make_array_from_process_local_data(self.split, yh, (glob,))
+        w = jax.make_array_from_process_local_data(self.split, wh, (glob,))
         return jax.block_until_ready((x, y, w))
 
     def prepare(self, sizes: list[int]) -> None:
@@ -899,31 +925,52 @@ def _local_value(a: Any) -> Any:
 
 def train_epoch(trainer: Trainer, feed: Feed, starts: list[tuple[int, int]], *, epoch: int, seed: int,
                 record: Callable[[StepSample], None], ctx: distributed.Context,
-                gradients: list[int] | None = None) -> tuple[int, float, float, float]:
+                gradients: list[int] | None = None,
+                clock_for: Callable[[], StepClock | None] = lambda: None) -> tuple[int, float, float, float]:
     """One pass (or a budget of steps) over the shuffled data: (steps, loss, accuracy, seconds).
 
     Preloaded data: the batch is sliced and put on the device before the clock starts; only
     the step and the wait for it sit between the two readings.  A loader: fetching the batch
     (and putting it on the device) comes first, inside the clock.  Loss sums and correct
-    counts stay device values until the epoch ends."""
+    counts stay device values until the epoch ends.  ``clock_for``: the next step's phase
+    clock (``log.phase_clock``), None for a step that is not sampled; it is marked after the
+    loader's fetch (``input``, the host-side padding of a mesh included), after the
+    ``device_put`` (``h2d``) and after the jitted step (``trainer.phase``: one fused XLA
+    program), each mark after the ``block_until_ready`` that every step makes."""
     t_epoch = time.perf_counter()
     trainer.prepare([size for _, size in starts])
     order = np.random.default_rng([seed, epoch]).permutation(len(feed.y))
     batches = feed.epoch(starts, order, rank=ctx.rank, world=ctx.world)
     sums, counts, computed = [], [], []
     seen = 0
+    fused = trainer.phase
     for start, size in starts:
         if feed.loader:
+            clock = clock_for()
             t0 = time.perf_counter()
+            if clock is not None:
+                clock.start()
             xb, yb = next(batches)
-            x, y, w = trainer.batch(xb, yb, size)
+            host = trainer.host_batch(xb, yb, size)  # numpy: done when it returns
+            if clock is not None:
+                clock.mark("input")
+            x, y, w = trainer.put(host, size)  # waits for the copy (block_until_ready)
+            if clock is not None:
+                clock.mark("h2d")
         else:
             xb, yb = next(batches)
             x, y, w = trainer.batch(xb, yb, size)
+            clock = clock_for()
             t0 = time.perf_counter()
-        loss_sum, correct, flag = trainer.run(size, x, y, w)
+            if clock is not None:
+                clock.start()
+        loss_sum, correct, flag = trainer.run(size, x, y, w)  # waits for the outputs (block_until_ready)
+        if clock is not None:
+            clock.mark(fused)
         t1 = time.perf_counter()
         record((epoch, t0, t1, ctx.recorded_images(size)))
+        if clock is not None:
+            clock.end()
         sums.append(loss_sum)
         counts.append(correct)
         computed.append(flag)
@@ -977,13 +1024,50 @@ def weights_checksum(state: State) -> float:
     return float(sum(float(np.abs(np.asarray(a, np.float64)).sum()) for a in jax.tree_util.tree_leaves(state.params)))
 
 
-def _exchange(trainer: Trainer, feed: Feed, batch: int, log: EventLog, ctx: distributed.Context
-              ) -> dict[str, Any] | None:
+def _psum_program(trainer: Trainer, elements: int) -> tuple[Any, Any]:
+    """The step's collective alone: a compiled program that all-reduces (``psum`` over the
+    mesh's ``data`` axis) a float32 buffer of ``elements`` per device, and that buffer (ones)."""
+    from jax import shard_map
+    from jax.sharding import PartitionSpec as P
+
+    mesh = trainer.place.mesh
+    local = len(mesh.local_devices)
+    buffer = jax.make_array_from_process_local_data(trainer.split, np.ones(elements * local, np.float32),
+                                                    (elements * trainer.world,))
+    program = jax.jit(shard_map(lambda v: jax.lax.psum(v, "data"), mesh=mesh, in_specs=P("data"),
+                                out_specs=P("data"), check_vma=False))
+    return program.lower(buffer).compile(), buffer
+
+
+def _calibrate(trainer: Trainer, ctx: distributed.Context) -> dict[str, Any]:
+    """Before training (every worker, the same calls): the all-reduce of the step's exchange
+    (``psum`` over the mesh, a program compiled ahead for each size) of a float32 buffer of
+    each of ``phases.CALIBRATION_BYTES`` per worker, each timed call after an untimed
+    one-number ``psum`` (a barrier), waited for with ``block_until_ready`` (docs/MODEL.md).
+    XLA's gloo collectives run gloo's ring all-reduce (``gloo_communicator.cc`` sets
+    ``Algorithm::RING``); NCCL picks its own algorithm.  The step's gradients are all-reduced
+    as one combined all-reduce after the whole backward pass (the compiled CPU program holds a
+    single tuple ``all-reduce`` of every gradient): it does not overlap backward."""
+    barrier, ones = _psum_program(trainer, 1)
+
+    def prepare(size: int) -> Callable[[], Any]:
+        program, buffer = _psum_program(trainer, size // 4)
+        return lambda: jax.block_until_ready(program(buffer))
+
+    points = time_collective(prepare, barrier=lambda: jax.block_until_ready(barrier(ones)))
+    gpu = trainer.place.gpu
+    return calibration(points, pattern="all-reduce" if gpu else "ring all-reduce",
+                       transport="nccl" if gpu else "gloo", workers=ctx.world, overlaps_backward=False)
+
+
+def _exchange(trainer: Trainer, feed: Feed, batch: int, log: EventLog, ctx: distributed.Context,
+              calibrated: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """After training (every worker, the same calls): the gradients of this worker's share of the
     first global batch computed alone (a program on its own device) and inside the mesh program
     followed by the all-reduce (``psum``), ``EXCHANGE_PROBE_ROUNDS`` each, alternating, each after
     an untimed one-number all-reduce (a barrier); no update.  The difference of the medians is
-    the time the exchange adds to a step (the mesh program's own overhead included)."""
+    the time the exchange adds to a step (the mesh program's own overhead included).
+    ``calibrated``: ``_calibrate``'s result, the ``calibration`` entry."""
     if not ctx.distributed:
         return None
     from jax import shard_map
@@ -1002,16 +1086,10 @@ def _exchange(trainer: Trainer, feed: Feed, batch: int, log: EventLog, ctx: dist
         g = jax.lax.psum(trainer._grads(st, x, y, w, total, trainer.key)[0], "data")
         return sum(jnp.sum(a) for a in jax.tree_util.tree_leaves(g)).reshape(1)
 
-    def barrier_fn(v: Any) -> Any:
-        return jax.lax.psum(v, "data")
-
     mesh = trainer.place.mesh
     with_exchange = jax.jit(shard_map(reduced, mesh=mesh, in_specs=(P(), P("data"), P("data"), P("data")),
                                       out_specs=P("data"), check_vma=False)).lower(st, x, y, w).compile()
-    ones = jax.make_array_from_process_local_data(trainer.split, np.ones(len(mesh.local_devices), np.float32),
-                                                  (trainer.world,))
-    barrier = jax.jit(shard_map(barrier_fn, mesh=mesh, in_specs=P("data"), out_specs=P("data"),
-                                check_vma=False)).lower(ones).compile()
+    barrier, ones = _psum_program(trainer, 1)
     device = trainer.place.mesh.local_devices[0]
     own = jax.device_put((local, np.asarray(x.addressable_shards[0].data), np.asarray(y.addressable_shards[0].data),
                           np.asarray(w.addressable_shards[0].data)), device)
@@ -1031,7 +1109,7 @@ def _exchange(trainer: Trainer, feed: Feed, batch: int, log: EventLog, ctx: dist
         jax.block_until_ready(with_exchange(st, x, y, w) if exchanged else alone(*own))
         timed[exchanged].append(time.perf_counter() - t0)
     synced, alone_median = statistics.median(timed[True]), statistics.median(timed[False])
-    steps = [t1 - t0 for _, t0, t1, _ in (log.steps[log.warmup_steps:] or log.steps)]
+    steps = [t1 - t0 for _, t0, t1, _ in log.rated()]  # the sampled steps' waits left out
     step_median = statistics.median(steps) if steps else None
     added = synced - alone_median
     return {"method": "probe after training: gradients of the worker's share computed alone and inside the mesh "
@@ -1039,7 +1117,8 @@ def _exchange(trainer: Trainer, feed: Feed, batch: int, log: EventLog, ctx: dist
             "backend": "gloo" if not trainer.place.gpu else "nccl",
             "seconds_median": added, "fraction_of_step": added / step_median if step_median else None,
             "sync_pass_seconds_median": synced, "no_sync_pass_seconds_median": alone_median,
-            "added_seconds": added, "rounds": EXCHANGE_PROBE_ROUNDS, "weights_checksum": checksum}
+            "added_seconds": added, "rounds": EXCHANGE_PROBE_ROUNDS, "weights_checksum": checksum,
+            "calibration": calibrated}
 
 
 # --- data ------------------------------------------------------------------------------

@@ -38,6 +38,12 @@ inside each step: ``waitall`` after backward, then ``trainer.step`` (push, the s
 update, pull) up to its ``waitall``; those extra synchronisation points exist only in
 parameter-server cells.
 
+Phase sampling (docs/MODEL.md): a sampled step's clock waits with ``waitall`` before each
+reading (on the CPU too); forward, backward, then ``trainer.step`` as ``update`` (one
+context) or ``exchange+update`` (the kvstore's push, update and pull are one call); a
+loader's fetch is ``input``.  A parameter-server cell first calibrates push + pull through
+its kvstore (``_calibrate``).
+
 Data: pixels / 255, then mean 0.5 / std 0.5 (values in [-1, 1]), as every adapter does.
 Each epoch permutes the training set with ``random.Random(seed)`` (the same permutation
 source on every machine) and slices batches; the last partial batch is kept.
@@ -60,11 +66,16 @@ from .. import models as zoo
 from ..datasets import IDX_SHAPES, Dataset, Split
 from ..events import EventLog
 from ..layers import LayerOp, LayerOps
+from ..phases import StepClock, calibration, time_collective
 from ..spec import setting
 from . import TrainOutcome
 
 #: Seconds ``Feed.close`` waits for the loader's worker pool to stop before killing it.
 CLOSE_WAIT_S = 5.0
+#: The first kvstore key of the calibration's buffers (``_calibrate``): far above the
+#: Trainer's keys (its parameters' indices 0, 1, ...) and an integer like them (MXNet refuses
+#: to mix integer and string keys in one kvstore).
+CALIBRATION_KEY = 1_000_000
 
 NAME = "mxnet"
 MODELS = tuple(zoo.MODELS)
@@ -181,8 +192,10 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     _emit_model(log, params, dataset, net)
     kind = params.get("kvstore") or "device"
     dist = kind in distributed.DIST_KVSTORES
-    if dist:  # connects to the cell's scheduler; rank 0 of the kvstore sends the optimizer
+    calibrated = None
+    if dist:  # connects to the cell's scheduler; every worker sends the optimizer to the server
         kv = mx.kv.create(kind)
+        calibrated = _calibrate(kv, wctx, ctxs[0])
         trainer = mx.gluon.Trainer(net.collect_params(), *_optimizer(params), kvstore=kv, update_on_kvstore=True)
     else:
         trainer = mx.gluon.Trainer(net.collect_params(), *_optimizer(params),
@@ -199,7 +212,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     gradients = [0]  # steps whose backward produced the input's gradient
 
     def outcome(**more: Any) -> TrainOutcome:
-        return TrainOutcome(model=net, exchange=_exchange(exchange, log, kind, net),
+        return TrainOutcome(model=net, exchange=_exchange(exchange, log, kind, net, calibrated),
                             input_gradient_steps=gradients[0], input_pipeline=feed.describe(), **more)
 
     epoch, done = 0, 0
@@ -210,7 +223,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
                 net, trainer, loss_fn, amp, x_train, y_train, ctxs, epoch=epoch,
                 batch_size=batch, budget=budget, shuffle=shuffle, record=log.steps.append,
                 wctx=wctx, exchange=exchange, asynchronous=kind == "dist_async", feed=feed,
-                gradients=gradients if full else None)
+                gradients=gradients if full else None, clock_for=lambda: log.phase_clock(mx.nd.waitall))
             done += steps
             validation = None
             if wctx.chief:
@@ -233,12 +246,17 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         feed.close()
 
 
-def _exchange(per_step: list[float] | None, log: EventLog, kind: str, net: Any) -> dict[str, Any] | None:
-    """The push/pull time of a dist kvstore cell (median over timed steps), or None."""
+def _exchange(per_step: list[float] | None, log: EventLog, kind: str, net: Any,
+              calibrated: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The push/pull time of a dist kvstore cell (median over the timed steps not sampled for
+    phases, like the throughput; ``per_step`` has one entry per step of ``log.steps``) and
+    the calibration (``_calibrate``), or None."""
     if per_step is None:
         return None
-    timed = per_step[log.warmup_steps:] or per_step
-    steps = [t1 - t0 for _, t0, t1, _ in (log.steps[log.warmup_steps:] or log.steps)]
+    sampled = {index for index, _ in log.phases}
+    unsampled = [t for i, t in enumerate(per_step) if i not in sampled]
+    timed = [t for i, t in enumerate(per_step) if i >= log.warmup_steps and i not in sampled] or unsampled
+    steps = [t1 - t0 for _, t0, t1, _ in log.rated()]
     median = statistics.median(timed) if timed else None
     step_median = statistics.median(steps) if steps else None
     what = ("trainer.step(): push of the gradients, the server's update once all workers pushed, pull of "
@@ -247,7 +265,38 @@ def _exchange(per_step: list[float] | None, log: EventLog, kind: str, net: Any) 
     return {"method": f"inside each step, from the end of backward (waitall) to the end of {what} (waitall)",
             "kvstore": kind, "seconds_median": median,
             "fraction_of_step": median / step_median if median is not None and step_median else None,
-            "weights_checksum": weights_checksum(net)}
+            "weights_checksum": weights_checksum(net), "calibration": calibrated}
+
+
+def _calibrate(kv: Any, wctx: distributed.Context, ctx: Any) -> dict[str, Any]:
+    """Before training: what one step's exchange does per parameter — push of a float32
+    buffer, the server's update, pull of it (waited for) — through the cell's kvstore, timed
+    over ``phases.CALIBRATION_BYTES``, each call after the kvstore's barrier (docs/MODEL.md).
+
+    Every worker calls it (``kv.init`` and the barrier are collective).  Each size has a key of
+    its own (``CALIBRATION_KEY`` + bytes).  The server needs an updater (``dist_async`` refuses
+    a push without one): an SGD of learning rate 0 — the server runs one update per push, as
+    in training, and the buffer keeps its values.  The Trainer's own optimizer replaces it
+    (every worker sends it before the barrier of the Trainer's ``kv.init``); the closing
+    barrier keeps any worker from sending it while another still calibrates.  The exchange
+    follows the backward pass (a ``waitall`` between them): it never overlaps it."""
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.0))
+
+    def prepare(size: int) -> Callable[[], None]:
+        key = CALIBRATION_KEY + size
+        buffer = mx.nd.ones((size // 4,), ctx=ctx, dtype="float32")
+        kv.init(key, buffer)
+
+        def call() -> None:
+            kv.push(key, buffer)
+            kv.pull(key, out=buffer)
+            buffer.wait_to_read()  # the pull has written the buffer: the server answered
+        return call
+
+    points = time_collective(prepare, barrier=kv._barrier)
+    kv._barrier()
+    return calibration(points, pattern="parameter server", transport="ps-lite (ZeroMQ, TCP)",
+                       workers=wctx.world, overlaps_backward=False)
 
 
 def weights_checksum(net: Any) -> float:
@@ -463,7 +512,8 @@ def _train_epoch(net: Any, trainer: Any, loss_fn: Any, amp: Any, x: Any, y: Any,
                  record: Callable[[tuple[int, float, float, int]], None],
                  wctx: distributed.Context | None = None, exchange: list[float] | None = None,
                  asynchronous: bool = False, feed: Feed | None = None,
-                 gradients: list[int] | None = None) -> tuple[int, float, float, float]:
+                 gradients: list[int] | None = None,
+                 clock_for: Callable[[], StepClock | None] = lambda: None) -> tuple[int, float, float, float]:
     """One pass (or ``budget`` steps) over the shuffled data: (steps, loss, accuracy, seconds).
 
     A dist kvstore cell (``exchange`` is a list): ``batch_size`` is the global batch, this
@@ -471,7 +521,16 @@ def _train_epoch(net: Any, trainer: Any, loss_fn: Any, amp: Any, x: Any, y: Any,
     to ``exchange``.  A loader (``feed.loader``): the same batches, fetched from the Gluon
     DataLoader inside the step's clock (after its opening ``waitall``).  ``gradients``
     (``first_layer_backward = "full"``): each batch gets ``attach_grad``, so backward computes
-    the first layer's input gradient; ``gradients[0]`` counts the steps where it is non-zero."""
+    the first layer's input gradient; ``gradients[0]`` counts the steps where it is non-zero.
+
+    ``clock_for``: the next step's phase clock (``log.phase_clock(nd.waitall)``), None for a
+    step that is not sampled.  Its device wait is ``waitall`` on the CPU too: the engine is
+    asynchronous, a reading without it would time the enqueueing.  Phases: a loader's fetch
+    (and split over the GPUs) is ``input`` (``input+h2d`` on a GPU: the batch is copied to the
+    device inside the fetch), preloaded batches are sliced outside the clock and have none;
+    ``forward`` (the losses included), ``backward``; ``trainer.step`` is ``update`` with one
+    context, ``exchange+update`` otherwise (the kvstore's reduce or push, the update, the
+    pull: one call)."""
     nd, autograd = mx.nd, mx.autograd
     wctx = wctx or distributed.Context()
     t_epoch = time.perf_counter()
@@ -493,11 +552,16 @@ def _train_epoch(net: Any, trainer: Any, loss_fn: Any, amp: Any, x: Any, y: Any,
     correct = nd.zeros((1,), ctx=ctxs[0])
     computed = nd.zeros((1,), ctx=ctxs[0])
     steps, seen = 0, 0
+    fetched = "input" if ctxs[0].device_type == "cpu" else "input+h2d"
+    stepped = "update" if exchange is None and len(ctxs) == 1 else "exchange+update"
     for start, size in starts:
         end = start + size
+        clock = clock_for()
         if loader:
             nd.waitall()  # the previous step's bookkeeping runs outside the clock
             t0 = time.perf_counter()
+            if clock is not None:
+                clock.start()
             xb, yb = next(batches)
         elif wctx.distributed:
             take = nd.arange(start + wctx.rank, end, wctx.world, ctx=ctxs[0], dtype="int64")
@@ -515,27 +579,41 @@ def _train_epoch(net: Any, trainer: Any, loss_fn: Any, amp: Any, x: Any, y: Any,
         if not loader:
             nd.waitall()  # the previous step's bookkeeping runs outside the clock
             t0 = time.perf_counter()
+            if clock is not None:
+                clock.start()
+        elif clock is not None:
+            clock.mark(fetched)
         with autograd.record():
             outs = [net(xp) for xp in xparts]
             losses = [loss_fn(o, yp) for o, yp in zip(outs, yparts)]
+            if clock is not None:
+                clock.mark("forward")
             if amp is not None:
                 with amp.scale_loss(losses, trainer) as scaled:
                     autograd.backward(scaled)
         if amp is None:
             autograd.backward(losses)
         if exchange is None:
+            if clock is not None:
+                clock.mark("backward")
             trainer.step(end - start)
         else:
             nd.waitall()
+            if clock is not None:
+                clock.mark("backward")
             t_mid = time.perf_counter()
             # push the gradients, the server updates, pull the weights: async applies this
             # worker's gradients alone (its own batch), sync their sum over the global batch
             trainer.step(xb.shape[0] if asynchronous else size)
             nd.waitall()
             exchange.append(time.perf_counter() - t_mid)
+        if clock is not None:
+            clock.mark(stepped)
         nd.waitall()  # the engine is asynchronous: wait until the update has really run
         t1 = time.perf_counter()
         record((epoch, t0, t1, wctx.recorded_images(size)))
+        if clock is not None:
+            clock.end()
         for o, lo, yp in zip(outs, losses, yparts):
             o = o.astype("float32")
             loss_sum += lo.astype("float32").sum().as_in_context(ctxs[0])

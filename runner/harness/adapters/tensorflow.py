@@ -15,16 +15,21 @@ with a ``None`` batch dimension serves every batch size, so the last batch does 
 the first call traces and optimises the graph and is the first (warm-up) step.  On the CPU a
 ``tf.function`` call returns only when the step has run (checked: reading its result afterwards
 takes 0.2 ms after a 0.5 s call); on a GPU the step is followed by
-``tf.test.experimental.sync_devices()`` inside the clock.
+``tf.test.experimental.sync_devices()`` inside the clock.  A sampled step (``phase_sampling``,
+docs/MODEL.md) times a loader's ``next`` as ``input`` and the ``tf.function`` call as one fused
+phase, ``forward+backward+update`` (``h2d+`` a loader's host batch on a GPU, ``+exchange+`` under
+a strategy: ``_fused_phases``); the clock waits with ``sync_devices`` on a GPU.
 
 Multi-worker cells (``workers`` × ``nodes`` > 1, started by the launcher with ``TF_CONFIG``):
 ``MultiWorkerMirroredStrategy`` (ring all-reduce on the CPU, NCCL on GPUs), created in
 ``configure`` before any other TensorFlow op, as TensorFlow requires.  Every worker gets the
 same global batch and its replica takes every ``world``-th sample from its rank (the
 ``MirroredStrategy`` code path); the optimizer all-reduces (sums) the gradients of a loss
-divided by the global batch.  Only rank 0 evaluates.  TensorFlow's gRPC servers listen on
-every interface: the launcher runs the workers in a network namespace with only loopback
-(local executor) or in one container without network (docker).
+divided by the global batch.  Before training every worker times that all-reduce over a few
+sizes (``_calibrate``: the exchange's ``calibration``).  Only rank 0 evaluates.
+TensorFlow's gRPC servers listen on every interface: the launcher runs the workers in a
+network namespace with only loopback (local executor) or in one container without network
+(docker).
 
 Fidelity to the framework-neutral definitions (docs/frameworks/tensorflow.md):
 
@@ -55,6 +60,7 @@ from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO
 from ..models import block_layers, block_out_channels, forward_flops, walk
+from ..phases import StepClock, calibration, time_collective
 from ..probe import thread_census
 from ..spec import setting
 from . import TrainOutcome
@@ -201,6 +207,10 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     log.emit("model", name=params["model"], parameters=trainable_parameters(net.model),
              flops=forward_flops(params["model"], dataset.shape, dataset.classes))
     full = setting(params, "first_layer_backward") == "full"
+    calibrated = None
+    if ctx.distributed:  # the workers have joined (the variables' initial values were broadcast)
+        with placement.scope():
+            calibrated = _calibrate(placement, ctx, gpu=params["device"] == "gpu")
     step = train_step(net.model, optimizer, params["weight_decay"], dataset.shape, params["layout"],
                       placement.strategy, local_results=ctx.distributed, input_gradient=full)
     evaluate_fn = eval_step(net.model, dataset.shape, params["layout"])
@@ -221,7 +231,8 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
             steps, loss, accuracy, seconds = _train_epoch(
                 step, x_train, y_train, epoch=epoch, seed=params["seed"], batch_size=batch,
                 budget=budget, sync=placement.sync, record=log.steps.append, ctx=ctx, feed=feed,
-                gradients=gradients if full else None)
+                gradients=gradients if full else None, fused=_fused_phases(placement, feed),
+                clock_for=lambda: log.phase_clock(placement.sync if placement.gpus else None))
             done += steps
             validation = None
             if ctx.chief:
@@ -247,6 +258,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
             probe_x, probe_y = feed.probe_batch(batch)
             exchange = _exchange_probe(net.model, placement.strategy, probe_x, probe_y, batch, dataset.shape,
                                        params["layout"], log)
+        exchange["calibration"] = calibrated
     return outcome(exchange=exchange)
 
 
@@ -598,7 +610,8 @@ def _train_epoch(step: Callable[..., tuple[Any, ...]], x: Any, y: Any, *, epoch:
                  batch_size: int, budget: int | None, sync: Callable[[], None],
                  record: Callable[[StepSample], None],
                  ctx: distributed.Context | None = None, feed: Feed | None = None,
-                 gradients: list[int] | None = None) -> tuple[int, float, float, float]:
+                 gradients: list[int] | None = None, fused: str = "forward+backward+update",
+                 clock_for: Callable[[], StepClock | None] = lambda: None) -> tuple[int, float, float, float]:
     """One pass (or ``budget`` steps) over the shuffled data: (steps, loss, accuracy, seconds).
 
     Preloaded data: only the ``step`` call (and, on a GPU, the device sync) sits between the
@@ -608,6 +621,10 @@ def _train_epoch(step: Callable[..., tuple[Any, ...]], x: Any, y: Any, *, epoch:
     is the global batch, every worker passes the same one and its replica takes its share;
     loss and accuracy are its own.  ``gradients`` (``first_layer_backward = "full"``): the
     step's third output (1: the input's gradient was computed) is summed into ``gradients[0]``.
+    ``clock_for``: the next step's phase clock (``log.phase_clock``), None for a step that is
+    not sampled; a loader's ``next`` is the ``input`` phase, and the ``step`` call is one phase
+    named ``fused`` (``_fused_phases``: one graph, nothing in it can be told apart), read after
+    the device wait on a GPU.
     """
     ctx = ctx or distributed.Context()
     t_epoch = time.perf_counter()
@@ -625,16 +642,27 @@ def _train_epoch(step: Callable[..., tuple[Any, ...]], x: Any, y: Any, *, epoch:
     sums, counts, computed = [], [], []
     seen = 0
     for start, size in starts:
+        clock = clock_for()
         if fetch is None:
             xb, yb = xs[start:start + size], ys[start:start + size]
             t0 = time.perf_counter()
+            if clock is not None:
+                clock.start()
         else:
             t0 = time.perf_counter()
+            if clock is not None:
+                clock.start()
             xb, yb = fetch(start, size)
+            if clock is not None:
+                clock.mark("input")
         results = step(xb, yb)
+        if clock is not None:
+            clock.mark(fused)
         sync()
         t1 = time.perf_counter()
         record((epoch, t0, t1, ctx.recorded_images(size)))
+        if clock is not None:
+            clock.end()
         sums.append(results[0])
         counts.append(results[1])
         if gradients is not None:
@@ -648,6 +676,61 @@ def _train_epoch(step: Callable[..., tuple[Any, ...]], x: Any, y: Any, *, epoch:
         feed.end_epoch()
     seconds = time.perf_counter() - t_epoch
     return len(sums), loss_value / seen, correct_value / seen, seconds
+
+
+def _fused_phases(placement: Placement, feed: Feed) -> str:
+    """The phases one call of the training step's ``tf.function`` runs, joined by ``+``: one
+    graph holds forward, backward and update, so none of them can be timed alone.  A strategy
+    (several GPUs, or the workers of a multi-worker cell) adds ``exchange``: the optimizer
+    all-reduces the gradients inside the same graph.  A loader's batch on a GPU adds ``h2d``:
+    the batch is a host tensor, copied to the GPU by the call."""
+    names = ["forward", "backward"]
+    if placement.gpus and feed.pipeline is not None:
+        names.insert(0, "h2d")
+    if placement.strategy is not None:
+        names.append("exchange")
+    return "+".join([*names, "update"])
+
+
+def _calibrate(placement: Placement, ctx: distributed.Context, *, gpu: bool) -> dict[str, Any]:
+    """Before training, every worker the same calls: the strategy's own all-reduce (SUM, a
+    replica context's ``all_reduce`` in ``strategy.run`` in a ``tf.function``, as the
+    optimizer's gradient all-reduce) of a float32 buffer on the replica's device, timed over
+    ``phases.CALIBRATION_BYTES``, each call after an untimed one-number all-reduce (a
+    barrier), followed by the device wait on a GPU (docs/MODEL.md).
+
+    What it is: RING on the CPU (TensorFlow's ring reducer, the chunks sent between the
+    workers' gRPC servers), NCCL on GPUs (its algorithm is NCCL's choice).  The exchange does
+    not overlap the backward pass: with ``bytes_per_pack`` 0 (our ``CommunicationOptions``)
+    the gradients are one pack, concatenated into one tensor before one all-reduce, which
+    needs the last gradient."""
+    strategy = placement.strategy
+
+    def together() -> Any:
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))
+
+    signal = tf.function(lambda: strategy.run(together))
+
+    def barrier() -> None:
+        strategy.experimental_local_results(signal())[0].numpy()
+
+    def prepare(size: int) -> Callable[[], None]:
+        with tf.device(placement.device):  # the replica's device: no copy inside the timed call
+            buffer = tf.ones([size // 4], tf.float32)
+
+        def reduce() -> Any:
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, buffer)
+
+        reduced = tf.function(lambda: strategy.run(reduce))
+
+        def call() -> None:
+            reduced()  # on the CPU the call returns when the all-reduce has run
+            placement.sync()
+        return call
+
+    points = time_collective(prepare, barrier=barrier)
+    return calibration(points, pattern="all-reduce" if gpu else "ring all-reduce",
+                       transport="nccl" if gpu else "grpc", workers=ctx.world, overlaps_backward=False)
 
 
 def _exchange_probe(model: Any, strategy: Any, x: Any, y: Any, batch: int, shape: tuple[int, int, int],

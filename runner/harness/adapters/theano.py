@@ -31,7 +31,9 @@ reads them while it is imported (docs/frameworks/theano.md).
 Timing: Theano runs on the CPU synchronously, so each step is t0 → the compiled step
 function (forward, backward, update; loss and correct count added to shared accumulators
 inside it) → t1.  The function is compiled before the first step (its compilation is in
-``time_to_first_step``, not in any step), and it serves every batch size.
+``time_to_first_step``, not in any step), and it serves every batch size.  A sampled step
+(``phase_sampling``) reads the clock after a loader's fetch (``input``) and after the
+function: one fused phase, ``forward+backward+update`` (``STEP_PHASE``); no device wait.
 
 Fidelity to the framework-neutral definitions: weights and biases start uniform in
 ±1/sqrt(fan_in) (PyTorch's default) from ``numpy.random.RandomState(seed)``; convolutions
@@ -65,6 +67,7 @@ from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO
 from ..models import block_layers, forward_flops
+from ..phases import StepClock
 from ..spec import model_problem, setting
 from . import TrainOutcome
 
@@ -236,7 +239,8 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         budget = iterations - done if iterations else None
         starts = distributed.batch_starts(len(feed.y), params["batch_size"], 1, budget)
         steps, loss, accuracy, seconds = train_epoch(trainer, feed, starts, epoch=epoch, seed=params["seed"],
-                                                     record=log.steps.append, gradients=gradients if full else None)
+                                                     record=log.steps.append, gradients=gradients if full else None,
+                                                     clock_for=log.phase_clock)
         done += steps
         test_loss, test_accuracy, test_seconds = evaluator.run(x_test, y_test, params["eval_batch_size"])
         validation = evaluator.run(*held, params["eval_batch_size"]) if held else None
@@ -803,28 +807,49 @@ class Trainer:
         return [type(node.op).__name__ for node in self.fn.maker.fgraph.toposort()]
 
 
+#: The phase a sampled step's compiled function is marked with: Theano runs forward, backward
+#: and the update as one ``theano.function``, one graph its optimizer rewrites and orders as a
+#: whole (a layer's update runs as soon as its gradient is there, before the earlier layers'
+#: backward), so there is no point between the three to read a clock at.
+STEP_PHASE = "forward+backward+update"
+
+
 def train_epoch(trainer: Trainer, feed: Feed, starts: list[tuple[int, int]], *, epoch: int, seed: int,
-                record: Callable[[StepSample], None],
-                gradients: list[int] | None = None) -> tuple[int, float, float, float]:
+                record: Callable[[StepSample], None], gradients: list[int] | None = None,
+                clock_for: Callable[[], StepClock | None] = lambda: None) -> tuple[int, float, float, float]:
     """One pass (or a budget of steps) over the shuffled data: (steps, loss, accuracy, seconds).
 
     Preloaded data: the batch is sliced before the clock starts, and only the compiled step
     sits between the two readings.  A loader: fetching the batch comes first, inside the
-    clock."""
+    clock.  ``clock_for``: the next step's phase clock (``log.phase_clock``; no device wait:
+    Theano's CPU ops have finished when the function returns), None for a step that is not
+    sampled; a loader's fetch is the ``input`` phase (preloaded slices have none), the
+    compiled step ``STEP_PHASE``."""
     t_epoch = time.perf_counter()
     order = np.random.default_rng([seed, epoch]).permutation(len(feed.y))
     batches = feed.epoch(starts, order)
     seen = 0
     for _, size in starts:
+        clock = clock_for()
         if feed.loader:
             t0 = time.perf_counter()
+            if clock is not None:
+                clock.start()
             xb, yb = next(batches)
+            if clock is not None:
+                clock.mark("input")
         else:
             xb, yb = next(batches)
             t0 = time.perf_counter()
+            if clock is not None:
+                clock.start()
         trainer.run(xb, yb)
+        if clock is not None:
+            clock.mark(STEP_PHASE)
         t1 = time.perf_counter()
         record((epoch, t0, t1, size))
+        if clock is not None:
+            clock.end()
         seen += size
     loss_sum, correct, computed = trainer.take()
     if gradients is not None:
