@@ -72,6 +72,9 @@ STUDY_VIEWS: dict[str, StudyView] = {
     "layer_kinds": StudyView("sweep, cell_id, total_s DESC, kind", "sweep"),
     "option_effect": StudyView("option, framework, model, dataset, device, config, value, cell_id", "config",
                                ("option", "config")),
+    "iteration_model": StudyView("framework, model, dataset, device, workers, batch_size, cell_id, ordinal",
+                                 "cell"),
+    "iteration_scaling": StudyView("framework, model, dataset, device, config, workers, cell_id", "config"),
 }
 
 # Per cell, what the sweep views leave out but the report shows: how many values each

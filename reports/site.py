@@ -73,6 +73,9 @@ PAGES: tuple[PageSpec, ...] = (
              "Test accuracy and time epoch by epoch, with the spread over repeats."),
     PageSpec("layers.html", "Layers", "Layer-wise time (D Figs 6–7, E Fig 7)",
              "Forward and backward time per layer and the share of each kind of layer."),
+    PageSpec("iterations.html", "Step time", "Where the time goes (C)",
+             "Each training step split into its phases and what no phase accounts for; the "
+             "model's predicted multi-worker speedup against the measured one."),
     PageSpec("options.html", "Options", "Framework options (E; D Fig 3)",
              "Convolution algorithm, layout, precision and oneDNN against matrun's default."),
     PageSpec("pareto.html", "Pareto", "Training time against accuracy: the Pareto front",
@@ -327,6 +330,36 @@ def _layers_page(ctx: Context) -> PageBody | None:
     return PageBody(body, [], csv, layers.height)
 
 
+def _iterations_page(ctx: Context) -> PageBody | None:
+    model, scaling = ctx.report.study("iteration_model"), ctx.report.study("iteration_scaling")
+    if model.is_empty():
+        return None
+    colors = sf.phase_colors(model)
+    groups = model.partition_by(list(sf.PHASE_GROUP), maintain_order=True)
+    parts: list[Any] = [_note(ss.more_note(min(MAX_FIGURES, len(groups)), len(groups), "configurations"))]
+    for i, part in enumerate(groups[:MAX_FIGURES]):
+        # Inside a configuration a bar is labelled by its framework and what else varies.
+        inner = row_labels(part.drop("model", "dataset"), key="cell_id", exclude=sf.PHASE_GROUP)
+        group = sf.phase_group_text(part.row(0, named=True))
+        parts.append(figure(sf.phase_figure(part, inner, group, colors), f"fig-phases-{i}"))
+    parts.append(ss.iteration_table(model, row_labels(model, key="cell_id"),
+                                    csv_href=ctx.csv("iteration_model.csv")))
+    body = [section("iterations", "Where the time goes (C)", _LEADS["iterations"], *parts)]
+    anchors = [("iterations", "Phases"), ("iteration-scaling", "Predicted scaling")]
+    csv = {ctx.csv("iteration_model.csv"): frame_csv(model)}
+    if scaling.is_empty():
+        anchors.pop()
+    else:
+        labels = row_labels(scaling, key="config", exclude=("gpus", "workers", "nodes", "batch_size"))
+        body.append(section(
+            "iteration-scaling", "Predicted against measured scaling (C; B, E)",
+            _LEADS["iteration-scaling"],
+            figure(sf.predicted_scaling_figure(scaling, labels), "fig-iteration-scaling"),
+            ss.iteration_scaling_table(scaling, labels, csv_href=ctx.csv("iteration_scaling.csv"))))
+        csv[ctx.csv("iteration_scaling.csv")] = frame_csv(scaling)
+    return PageBody(join(body, "\n"), anchors, csv, model.height)
+
+
 def _options(ctx: Context, frame: pl.DataFrame) -> list[Any]:
     labels = row_labels(frame, key="config", exclude=("layout", "precision", "onednn"))
     return [figure(sf.option_figure(frame, labels), "fig-options"),
@@ -413,6 +446,23 @@ _LEADS = {
                "otherwise equal cells: the throughput ratio, coloured only when significant.",
     "pareto": "Median training time against median accuracy, with their intervals; the cells "
               "no other cell beats on both are the front (bold, joined).",
+    "iterations": "Every Nth timed step of a cell (phase_sampling) is timed phase by phase: input, "
+                  "host-to-device copy, forward, backward, gradient exchange, optimizer update; "
+                  "those sampled steps are kept out of the throughput, since the clock and its "
+                  "device waits slow them. One bar per cell: the median of each phase over its "
+                  "sampled steps, stacked in the order they run, then what no phase accounts for "
+                  "(drawn as zero when a little below it; the hover and the CSV keep the value). "
+                  "A thin line marks the median sampled step, a diamond the median unsampled step "
+                  "the throughput comes from. Phases a framework runs as one program are named "
+                  "together (forward+backward+update) and hatched, never split. The model, what it "
+                  "measures and what it assumes: docs/MODEL.md.",
+    "iteration-scaling": "For each multi-worker cell whose 1-worker reference sampled its phases, "
+                         "the speedup the model predicts (the reference's step less its own "
+                         "exchange, plus the all-reduce this cell timed over a few message sizes: "
+                         "latency + gradient bytes ÷ bandwidth, less what overlaps the backward "
+                         "pass) against the measured one, with the linear limit y = workers. "
+                         "Filled markers: measured; hollow, dotted: predicted; both start at the "
+                         "reference (1 worker, ×1).",
 }
 
 BUILDERS: dict[str, Callable[[Context], PageBody | None]] = {
@@ -429,6 +479,7 @@ BUILDERS: dict[str, Callable[[Context], PageBody | None]] = {
     "convergence.html": _study_page("epoch_convergence", "convergence", "Convergence (B7)",
                                     _LEADS["convergence"], _convergence),
     "layers.html": _layers_page,
+    "iterations.html": _iterations_page,
     "options.html": _study_page("option_effect", "options", "Framework options (E; D Fig 3)",
                                 _LEADS["options"], _options),
     "pareto.html": _study_page("pareto_front", "pareto", "Training time against accuracy",
@@ -448,7 +499,7 @@ VIEW_PAGES: dict[str, str] = {
     "batch_sweep": "batch.html", "batch_resources": "batch.html", "batch_lr_grid": "batch-lr.html",
     "worker_scaling": "scaling.html", "epoch_convergence": "convergence.html",
     "layer_breakdown": "layers.html", "layer_kinds": "layers.html", "option_effect": "options.html",
-    "pareto_front": "pareto.html",
+    "pareto_front": "pareto.html", "iteration_model": "iterations.html", "iteration_scaling": "iterations.html",
 }
 
 

@@ -11,6 +11,7 @@ not significant never reads as a win.  Every text from the data goes through ``p
 from __future__ import annotations
 
 import math
+from graphlib import CycleError, TopologicalSorter
 from typing import Any, Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -657,6 +658,181 @@ def layer_kinds_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Fig
     fig.update_xaxes(tickformat=".0%", range=[0, 1], title_text="share of the summed layer time")
     fig.update_yaxes(autorange="reversed", automargin=True)
     return base_layout(fig, title=title, height=max(280, 140 + 30 * len(cells)))
+
+
+# --- C: where a step's time goes ---------------------------------------------------------------
+
+#: The columns of iteration_model that make one configuration: its cells share one figure.
+PHASE_GROUP = ("model", "dataset", "device", "threads", "batch_size", "workers")
+#: The last segment of a bar: the sampled step less the sum of its phases.
+NO_PHASE = "in no phase"
+_NO_PHASE_COLOR = "#c4cad6"
+# A fused phase (names joined by '+': one compiled program) is hatched, never split.
+_FUSED_PATTERN = {"shape": "/", "fillmode": "overlay", "fgcolor": "white", "size": 7, "solidity": 0.3}
+
+
+def phase_group_text(row: Mapping[str, Any]) -> str:
+    """One configuration of iteration_model in words: model, data, device, threads, batch, workers."""
+    workers = row.get("workers")
+    return " · ".join([
+        str(row.get("model")), str(row.get("dataset")), str(row.get("device")),
+        f"{thread_text(row.get('threads'))} thread(s)", f"batch {row.get('batch_size')}",
+        f"{workers} worker" + ("" if workers == 1 else "s")])
+
+
+def phase_order(frame: pl.DataFrame) -> list[str]:
+    """Every phase name of iteration_model rows in the order phases run: the cells' own orders
+    (by ordinal) merged, so ``exchange`` stays before ``update`` although one cell has it and
+    another not; first seen where no cell orders two names (cells that disagree: first seen)."""
+    if frame.is_empty():
+        return []
+    sorter: TopologicalSorter[str] = TopologicalSorter()
+    seen: list[str] = []
+    for part in frame.select("cell_id", "ordinal", "phase").partition_by("cell_id", maintain_order=True):
+        names = [str(n) for n in part.sort("ordinal", maintain_order=True).get_column("phase").to_list()]
+        for i, name in enumerate(names):
+            sorter.add(name, *names[i - 1:i])
+        seen += names
+    try:
+        return list(sorter.static_order())
+    except CycleError:
+        return list(dict.fromkeys(seen))
+
+
+def phase_colors(frame: pl.DataFrame) -> dict[str, str]:
+    """A colour per phase name, in the order phases run (``phase_order``), for every figure."""
+    return {name: _color(i) for i, name in enumerate(phase_order(frame))}
+
+
+def _ms(seconds: Any) -> float | None:
+    value = _num(seconds)
+    return None if value is None else value * 1000
+
+
+def phase_figure(part: pl.DataFrame, labels: Mapping[Any, str], group: str,
+                 colors: Mapping[str, str]) -> go.Figure:
+    """One configuration of iteration_model: a bar per cell, the medians of its phases stacked
+    in the order they run (a fused phase hatched), then what no phase accounts for, in ms.
+
+    A gap below zero (the phases' medians add up to a little more than the step's) is drawn as
+    zero; its hover gives the true value.  Markers: the sampled step and the unsampled step
+    (the one the throughput is computed from), both medians."""
+    title = f"Where a step's time goes — {group}"
+    if part.is_empty():
+        return empty_figure(plot_text(title), "No cell sampled its phases.")
+    cells = list(dict.fromkeys(part.get_column("cell_id").to_list()))
+    fig = go.Figure()
+    shown: set[str] = set()
+    firsts = []
+    rank = {name: i for i, name in enumerate(colors)}  # the legend lists phases in the order they run
+    for cell in cells:
+        rows = part.filter(pl.col("cell_id") == cell).sort("ordinal").to_dicts()
+        y = [plot_text(labels.get(cell, cell))]
+        firsts.append((y[0], rows[0]))
+        for r in rows:
+            name = str(r["phase"])
+            fused = "+" in name
+            fig.add_trace(go.Bar(
+                y=y, x=[_ms(r["seconds_median"]) or 0.0], orientation="h",
+                name=plot_text(f"{name} (fused)" if fused else name), legendgroup=plot_text(name),
+                showlegend=name not in shown, legendrank=rank.get(name, len(rank)) + 1,
+                marker={"color": colors.get(name, REFERENCE), "line": {"color": "white", "width": 1},
+                        **({"pattern": _FUSED_PATTERN} if fused else {})},
+                customdata=[[_num(r["share"]), r["samples"]]],
+                hovertemplate="<b>%{y}</b><br>%{fullData.name}: %{x:,.3f} ms "
+                              "(%{customdata[0]:.1%} of the sampled step)<br>"
+                              "median of %{customdata[1]} sampled steps<extra></extra>",
+            ))
+            shown.add(name)
+        gap = _ms(rows[0]["gap_s"])
+        fig.add_trace(go.Bar(
+            y=y, x=[max(gap or 0.0, 0.0)], orientation="h", name=NO_PHASE, legendgroup=NO_PHASE,
+            showlegend=NO_PHASE not in shown, legendrank=900,
+            marker={"color": _NO_PHASE_COLOR, "line": {"color": "white", "width": 1}},
+            customdata=[[gap, _num(rows[0]["gap_share"])]],
+            hovertemplate="<b>%{y}</b><br>in no phase: %{customdata[0]:,.4f} ms "
+                          "(%{customdata[1]:.1%} of the sampled step)<extra></extra>",
+        ))
+        shown.add(NO_PHASE)
+    names = [y for y, _ in firsts]
+    fig.add_trace(go.Scatter(
+        y=names, x=[_ms(r["sampled_step_s_median"]) for _, r in firsts], mode="markers",
+        name="sampled step (median)", legendrank=901, marker={"symbol": "line-ns-open", "size": 26, "color": REFERENCE,
+                                              "line": {"width": 2.5, "color": REFERENCE}},
+        hovertemplate="<b>%{y}</b><br>sampled step %{x:,.3f} ms<extra></extra>",
+    ))
+    fig.add_trace(go.Scatter(
+        y=names, x=[_ms(r["step_s_median"]) for _, r in firsts], mode="markers",
+        name="unsampled step (median: the throughput's)", legendrank=902,
+        marker={"symbol": "diamond-open", "size": 11, "color": REFERENCE, "line": {"width": 2}},
+        customdata=[[_num(r["sampling_cost"])] for _, r in firsts],
+        hovertemplate="<b>%{y}</b><br>unsampled step %{x:,.3f} ms<br>sampling adds "
+                      "%{customdata[0]:.1%}<extra></extra>",
+    ))
+    fig.update_layout(barmode="stack", bargap=0.35)
+    fig.update_xaxes(title_text="milliseconds per training step (medians over the sampled steps)",
+                     rangemode="tozero")
+    fig.update_yaxes(autorange="reversed", automargin=True)
+    return legend_below(fig, plot_text(title), plot_height=max(140, 56 * len(cells)))
+
+
+_SERIES_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "pentagon", "star")
+
+
+def predicted_scaling_figure(frame: pl.DataFrame, labels: Mapping[Any, str]) -> go.Figure:
+    """iteration_scaling: the measured speedup (filled markers) and the model's predicted one
+    (hollow, dashed) against the number of workers, one colour per framework, a line per
+    configuration from its 1-worker reference (×1), with the linear limit y = workers."""
+    title = "Predicted and measured speedup over workers, with the linear limit"
+    rows = frame.filter(pl.col("speedup").is_not_null() | pl.col("predicted_speedup").is_not_null())
+    if rows.is_empty():
+        return empty_figure(title, "No multi-worker cell has both a calibration and a speedup yet.")
+    fig = go.Figure()
+    top = max(rows.get_column("workers").to_list())
+    fig.add_trace(go.Scatter(x=[1, top], y=[1, top], mode="lines", name="linear (y = workers)",
+                             line={"color": "#999", "dash": "dash"}, hoverinfo="skip"))
+    frameworks = list(dict.fromkeys(rows.get_column("framework").to_list()))
+    series = list(dict.fromkeys(zip(rows.get_column("config").to_list(),
+                                    rows.get_column("ref_cell_id").to_list())))
+    per_framework: dict[Any, int] = {}
+    for config, ref in series:
+        part = rows.filter((pl.col("config") == config) & (pl.col("ref_cell_id") == ref)).sort("workers").to_dicts()
+        framework = part[0]["framework"]
+        color = _color(frameworks.index(framework))
+        symbol = _SERIES_SYMBOLS[per_framework.get(framework, 0) % len(_SERIES_SYMBOLS)]
+        per_framework[framework] = per_framework.get(framework, 0) + 1
+        name = plot_text(labels.get(config, config))
+        x = [1, *[r["workers"] for r in part]]
+        reference = [["the 1-worker reference", ""]]
+        fig.add_trace(go.Scatter(
+            x=x, y=[1.0, *[_num(r["speedup"]) for r in part]], name=f"{name} · measured",
+            legendgroup=name, mode="lines+markers", line={"color": color},
+            marker={"color": color, "symbol": symbol, "size": 10},
+            customdata=reference + [[f"measured step {fmt_ms(r['measured_step_s'])}", ""] for r in part],
+            hovertemplate="<b>%{fullData.name}</b><br>%{x} workers: ×%{y:.2f}<br>%{customdata[0]}"
+                          "<extra></extra>",
+        ))
+        fig.add_trace(go.Scatter(
+            x=x, y=[1.0, *[_num(r["predicted_speedup"]) for r in part]], name=f"{name} · predicted",
+            legendgroup=name, mode="lines+markers", line={"color": color, "dash": "dot"},
+            marker={"color": color, "symbol": f"{symbol}-open", "size": 12, "line": {"width": 2}},
+            customdata=reference + [[
+                f"step {fmt_ms(r['predicted_step_s'])} = compute {fmt_ms(r['compute_s'])} "
+                f"+ exposed exchange {fmt_ms(r['exposed_s'])}",
+                "" if _num(r["prediction_error"]) is None
+                else f"{100 * r['prediction_error']:+.1f}% against the measured speedup"] for r in part],
+            hovertemplate="<b>%{fullData.name}</b><br>%{x} workers: ×%{y:.2f}<br>%{customdata[0]}"
+                          "<br>%{customdata[1]}<extra></extra>",
+        ))
+    fig.update_xaxes(title_text="workers", dtick=1, rangemode="tozero")
+    fig.update_yaxes(title_text="speedup over the 1-worker cell", rangemode="tozero")
+    return legend_below(fig, title)
+
+
+def fmt_ms(seconds: Any) -> str:
+    """Seconds as milliseconds in words (``12.500 ms``; ``–`` when missing)."""
+    value = _ms(seconds)
+    return "–" if value is None else f"{value:,.3f} ms"
 
 
 # --- E: options -----------------------------------------------------------------------------

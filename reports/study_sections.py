@@ -452,6 +452,96 @@ def _ms(seconds: Any) -> Any:
     return None if is_missing(seconds) else seconds * 1000
 
 
+# --- C: where a step's time goes ----------------------------------------------------------------
+
+
+def _yes_no(value: Any) -> Any:
+    return {True: "yes", False: "no"}.get(value, esc(None)) if isinstance(value, bool) or value is None else value
+
+
+def iteration_cells(frame: pl.DataFrame) -> pl.DataFrame:
+    """iteration_model (a row per cell and phase) as a row per cell: the per-cell columns, the
+    cell's ``phases`` and ``phase_seconds`` in the order they run, and ``bottleneck_share``."""
+    ordered = frame.sort(["cell_id", "ordinal"], maintain_order=True)
+    phases = ordered.group_by("cell_id", maintain_order=True).agg(
+        pl.col("phase").alias("phases"), pl.col("seconds_median").alias("phase_seconds"))
+    share = frame.filter(pl.col("phase") == pl.col("bottleneck")).select(
+        "cell_id", pl.col("share").alias("bottleneck_share")).unique(subset=["cell_id"], keep="first")
+    cells = frame.unique(subset=["cell_id"], keep="first", maintain_order=True)
+    return (cells.join(phases, on="cell_id", how="left", maintain_order="left")
+            .join(share, on="cell_id", how="left", maintain_order="left"))
+
+
+def _phase_list(r: Mapping[str, Any]) -> Html:
+    return join((tag("span", f"{name} {fmt(_ms(seconds), 3)}",
+                     class_="flag muted" if "+" in str(name) else None,
+                     title="fused: one program, never split" if "+" in str(name) else None)
+                 for name, seconds in zip(r["phases"] or [], r["phase_seconds"] or [])), " · ")
+
+
+def iteration_table(frame: pl.DataFrame, labels: Mapping[Any, str], *,
+                    csv_href: str = "iteration_model.csv") -> Html:
+    """A row per cell of iteration_model (its CSV: the view's rows, one per cell and phase)."""
+    columns = [
+        Column("cell", _label(labels, "cell_id")), Column("framework", lambda r: r["framework"]),
+        Column("workers", lambda r: num(fmt(r["workers"]))),
+        Column("step ms", lambda r: num(fmt(_ms(r["step_s_median"]), 3),
+                                        f"sampled {fmt(_ms(r['sampled_step_s_median']), 3)}")),
+        Column("phases (ms, in order)", _phase_list),
+        Column("bottleneck", lambda r: r["bottleneck"]),
+        Column("its share", lambda r: num(fmt_pct(r["bottleneck_share"]))),
+        Column("fused", lambda r: _yes_no(r["fused"])),
+        Column("in no phase", lambda r: num(fmt_pct(r["gap_share"]), f"{fmt(_ms(r['gap_s']), 4)} ms")),
+        Column("sampling cost", lambda r: num("–" if is_missing(r["sampling_cost"])
+                                              else f"{100 * r['sampling_cost']:+.1f}%")),
+        Column("gradient bytes", lambda r: num(fmt(r["gradient_bytes"]))),
+        Column("sampled steps", lambda r: num(fmt(r["sampled_steps"]), f"every {fmt(r['phase_every'])}th")),
+    ]
+    return table_block("Phases per cell (C)", "iterations-table", iteration_cells(frame), columns, csv_href,
+                       note="Step ms: the median unsampled timed step (what the throughput is "
+                            "computed from), under it the median sampled step; its share: the "
+                            "bottleneck's median over the sampled step's; in no phase: the median "
+                            "over the sampled steps of the step less its phases (can be a little "
+                            "below zero); sampling cost: how much slower a sampled step is than "
+                            "an unsampled one. The CSV has a row per cell and phase.")
+
+
+def _speedup_error(value: Any) -> Html:
+    return num("–" if is_missing(value) else f"{100 * value:+.1f}%")
+
+
+def iteration_scaling_table(frame: pl.DataFrame, labels: Mapping[Any, str], *,
+                            csv_href: str = "iteration_scaling.csv") -> Html:
+    def mb_per_s(value: Any) -> Html:
+        return num("–" if is_missing(value) else f"{value / 1e6:,.1f}")
+
+    columns = [
+        Column("framework", lambda r: r["framework"]), Column("model", lambda r: r["model"]),
+        Column("configuration", _label(labels, "config")),
+        Column("workers", lambda r: num(fmt(r["workers"]), r["scaling"])),
+        Column("pattern", lambda r: r["pattern"]), Column("transport", lambda r: r["transport"]),
+        Column("latency ms", lambda r: num(fmt(_ms(r["latency_s"]), 3))),
+        Column("bandwidth MB/s", lambda r: mb_per_s(r["bandwidth_bytes_per_s"])),
+        Column("exchange ms", lambda r: num(fmt(_ms(r["exchange_s"]), 3),
+                                            None if is_missing(r["gradient_bytes"])
+                                            else f"{fmt(r['gradient_bytes'])} bytes")),
+        Column("exposed ms", lambda r: num(fmt(_ms(r["exposed_s"]), 3),
+                                           "overlaps backward" if r["overlaps_backward"] else None)),
+        Column("predicted step ms", lambda r: num(fmt(_ms(r["predicted_step_s"]), 3))),
+        Column("measured step ms", lambda r: num(fmt(_ms(r["measured_step_s"]), 3))),
+        Column("predicted speedup", lambda r: ratio(r["predicted_speedup"])),
+        Column("speedup", lambda r: ratio(r["speedup"])),
+        Column("prediction error", lambda r: _speedup_error(r["prediction_error"])),
+    ]
+    return table_block("Predicted against measured scaling (C; B, E)", "iteration-scaling-table", frame,
+                       columns, csv_href,
+                       note="Exchange: latency + gradient bytes ÷ bandwidth, the least-squares fit of "
+                            "the cell's own all-reduce calibration; exposed: the part not hidden "
+                            "behind the reference's backward pass; predicted step: the reference's "
+                            "compute plus the exposed exchange. Prediction error: predicted ÷ "
+                            "measured speedup − 1. MB = 10⁶ bytes.")
+
+
 # --- options ---------------------------------------------------------------------------------
 
 

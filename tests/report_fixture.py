@@ -11,11 +11,15 @@ Base settings: torch / lenet5 / fashion-mnist / cpu, batch 64, sgd 0.01, one epo
     resnet18 on the GPU: 1, 2, 4 GPUs at 64 images per GPU               A3 / B4 scaling
     inference on the GPU under a memory limit: batch 32, 128, 512 (oom)  B2, A11, B1
     layer_profile: four layers                                           D / E layers
+    phases sampled (build_study_warehouse only): torch and jax (fused) at  C: iteration_model
+      1 worker, torch at 2 workers with an all-reduce calibration,          and iteration_scaling
+      a hostile cell
     a hostile cell: model, optimizer, dataset, host, library and error tail are attacks
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -141,6 +145,62 @@ def write_hostile_bundles(results: Path) -> None:
                 error_tail=f"{TAIL_FORMULA}\nFile \"{failed}/harness.py\", line 1\n{XSS_SCRIPT}\n{XSS_ATTR}")
 
 
+# Study C (docs/MODEL.md): cells whose sampled steps carry their phases.  Every number the
+# tests expect follows from these: (step seconds after two 0.02 s warm-up steps, the indices
+# of the sampled steps among them, each sampled step's phases).
+PHASED: dict[str, Any] = {**BASE, "threads": 1, "dataset": "synthetic", "scaling": "weak",
+                          "workers": 1}
+PHASE_TORCH = {"forward": 0.004, "backward": 0.006, "update": 0.001}   # 11 ms of a 12 ms step
+PHASE_JAX = {"forward+backward+update": 0.0081}                        # 8.1 ms of an 8 ms step
+PHASE_W2 = {"forward": 0.004, "backward": 0.006, "exchange": 0.004, "update": 0.001}  # 15 of 16.5
+# The 2-worker cell's all-reduce: exactly 0.5 ms + bytes / 1e9 B/s, so its fit is exact.
+CALIBRATION = [[n, 0.0005 + n / 1e9] for n in (4096, 65536, 1048576, 4194304)]
+GRADIENT_BYTES = 2_000_000
+
+
+def _sampled(run_dir: Path, phases: dict[int, dict[str, float]], **summary: Any) -> None:
+    """Mark the steps ``phases`` names as sampled, write their phases records before the
+    summary and add ``summary`` (and the summary's phases block) to the summary record."""
+    path = run_dir / "events.jsonl"
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    seconds = {}
+    for record in lines:
+        if record.get("type") == "step" and record["step"] in phases:
+            record["phase"] = "sampled"
+            seconds[record["step"]] = record["seconds"]
+    at = next(i for i, r in enumerate(lines) if r.get("type") == "summary")
+    lines[at:at] = [{"type": "phases", "step": step, "seconds": seconds[step], "phases": parts}
+                    for step, parts in phases.items()]
+    lines[at + len(phases)].update(phases={"every": 2, "sampled_steps": len(phases)}, **summary)
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+
+
+def write_phase_bundles(results: Path) -> None:
+    """The cells of study C: phases sampled at 1 worker (torch, jax fused, a hostile cell) and
+    at 2 workers (torch, with its all-reduce calibration)."""
+    warm = (0.02, 0.02)
+    cells = (
+        ("ph-torch", {"framework": "torch"}, (0.010, 0.010, 0.012, 0.010, 0.012, 0.010),
+         {4: PHASE_TORCH, 6: PHASE_TORCH}, 6400.0, {}),
+        ("ph-jax", {"framework": "jax"}, (0.008, 0.008, 0.008, 0.008),
+         {3: PHASE_JAX, 5: PHASE_JAX}, 8000.0, {}),
+        ("ph-evil", {"framework": "torch", "model": XSS_SCRIPT, "dataset": FORMULA},
+         (0.010, 0.012, 0.010), {3: PHASE_TORCH}, 6400.0, {}),
+        ("ph-torch-w2", {"framework": "torch", "workers": 2}, (0.016, 0.0165, 0.016, 0.016),
+         {3: PHASE_W2}, 8000.0,
+         {"exchange": {"seconds_median": 0.004, "fraction_of_step": 0.25,
+                       "calibration": {"points": CALIBRATION, "pattern": "ring all-reduce",
+                                       "transport": "gloo", "workers": 2,
+                                       "overlaps_backward": False}}}),
+    )
+    for cell_id, params, steps, phases, throughput, summary in cells:
+        run = make_bundle(results, sweep=SWEEP, cell_id=cell_id, params={**PHASED, **params},
+                          step_seconds=warm + steps, throughput=throughput,
+                          images_per_step=64 * (params.get("workers") or 1),
+                          epochs=(_epoch(1.0, 0.5),))
+        _sampled(run, phases, gradient_bytes=GRADIENT_BYTES, **summary)
+
+
 def record_image(warehouse: Path) -> None:
     """The images table row of the image the openblas cell ran in (as `matrun build` would)."""
     with open_warehouse(warehouse) as wh:
@@ -156,6 +216,7 @@ def record_image(warehouse: Path) -> None:
 def build_study_warehouse(root: Path) -> Path:
     """Write the bundles under ``root/results``, ingest them and return the warehouse."""
     write_study_bundles(root / "results")
+    write_phase_bundles(root / "results")
     path = root / "study.duckdb"
     report = ingest([root / "results"], warehouse=path)
     assert not report.skipped, report.skipped

@@ -560,7 +560,7 @@ def test_mask_paths_keeps_the_last_part_only() -> None:
 
 STUDY_PAGES = {"index.html", "baseline.html", "libraries.html", "threads.html", "epochs.html",
                "batch.html", "batch-lr.html", "scaling.html", "convergence.html", "layers.html",
-               "options.html", "pareto.html", "provenance.html", "runs.html"}
+               "iterations.html", "options.html", "pareto.html", "provenance.html", "runs.html"}
 
 
 @pytest.fixture(scope="module")

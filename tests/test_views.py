@@ -31,6 +31,16 @@ MiB = 2**20
 A, B, C, D = "aaaa000000000001", "bbbb000000000001", "cccc000000000001", "dddd000000000001"
 
 CONTRACT = {
+    "iteration_model": "cell_id, sweeps, framework, variant, model, dataset, device, threads, batch_size, workers, "
+                       "nodes, precision, input_pipeline, runs, sampled_steps, phase_every, phase, ordinal, samples, "
+                       "seconds_median, share, bottleneck, fused, sampled_step_s_median, step_s_median, phases_s, "
+                       "gap_s, gap_share, sampling_cost, gradient_bytes",
+    "iteration_scaling": "config, framework, variant, model, dataset, device, kvstore, cell_id, ref_cell_id, gpus, "
+                         "nodes, workers, batch_size, global_batch, per_worker_batch, scaling, pattern, transport, "
+                         "overlaps_backward, gradient_bytes, calibration_points, latency_s, bandwidth_bytes_per_s, "
+                         "ref_step_s, ref_exchange_s, ref_backward_s, compute_s, exchange_s, exposed_s, "
+                         "predicted_step_s, measured_step_s, predicted_speedup, speedup, linear_speedup, efficiency, "
+                         "prediction_error",
     "run_overview": "run_id, sweep, cell_id, repeat, attempt, status, exit_code, executor, "
                     "env_id, framework, variant, model, dataset, device, threads, batch_size, "
                     "epochs, iterations, optimizer, lr, onednn, cpuset, started_at, wall_seconds, "

@@ -398,6 +398,17 @@ def test_torch_one_and_two_workers_local(tmp_path, torch_env):
     assert s["exchange"]["backend"] == "gloo" and s["exchange"]["no_sync_pass_seconds_median"] > 0
     assert s["accuracy"] is not None  # rank 0 evaluated
     assert (run_two / PLAN_FILE).exists()
+    # the all-reduce calibration before training (docs/MODEL.md): gloo's ring over 4 sizes
+    calibration = s["exchange"]["calibration"]
+    assert [b for b, _ in calibration["points"]] == [4096, 65536, 1048576, 4194304]
+    assert all(seconds > 0 for _, seconds in calibration["points"])
+    assert calibration["points"][-1][1] > calibration["points"][0][1]  # 4 MiB takes longer than 4 KiB
+    assert (calibration["pattern"], calibration["transport"], calibration["workers"],
+            calibration["overlaps_backward"]) == ("ring all-reduce", "gloo", 2, True)
+    assert calibration["bandwidth_bytes_per_s"] is None or calibration["bandwidth_bytes_per_s"] > 0
+    # DDP's exchange runs inside backward: the sampled steps name the two together
+    assert s["phases"]["order"] == ["forward", "backward+exchange", "update"]
+    assert s["gradient_bytes"] == 61706 * 4
 
 
 @pytest.mark.slow

@@ -1,7 +1,9 @@
-"""``matrun compare`` and ``matrun advise``: reading conclusions out of the warehouse.
+"""``matrun compare``, ``matrun advise`` and ``matrun explain``: reading conclusions out of the
+warehouse.
 
 Thin wrappers over ``warehouse/compare.py`` (the comparison, its CSV and JSON),
-``reports/compare.py`` (its HTML page) and ``warehouse/advise.py``; docs/CLI.md.  The report
+``reports/compare.py`` (its HTML page), ``warehouse/advise.py`` and ``warehouse/explain.py``
+(docs/MODEL.md); docs/CLI.md.  The report
 module is imported inside ``compare``, when ``--html`` asks for it: it loads Plotly.
 """
 
@@ -19,6 +21,7 @@ from matrun.errors import InputError
 from matrun.runner.cli.common import TableFormatOpt, WarehouseOpt, app, check_format, command, out, resolve_warehouse
 from matrun.warehouse import advise as adv
 from matrun.warehouse import compare as cmp
+from matrun.warehouse import explain as xpl
 from matrun.warehouse.compare import fmt_noisy, fmt_num, fmt_p, fmt_points, fmt_ratio
 from matrun.warehouse.query import json_value
 
@@ -102,6 +105,35 @@ def _compare_tables(result: Any) -> None:
                 table.add_row(c["label"], " ".join(c[f"{s}_cells"]), str(c[f"{s}_runs"]),
                               fmt_num(c[f"{s}_throughput"]))
             out.print(table)
+
+
+@command(app)
+def explain(
+    cell: Annotated[str, typer.Argument(metavar="CELL", help="A cell id, or its first 4 or more characters "
+                                                              "(`matrun status` lists them).")],
+    warehouse: WarehouseOpt = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", metavar="FORMAT", help="text or json.")] = "text",
+) -> None:
+    """Where a cell's training step goes, what bounds it, how the other frameworks do the same
+    workload and, with more workers, the model's predicted speedup against the measured one."""
+    check_format(fmt, ("text", "json"))
+    result = xpl.explain(cell, warehouse=resolve_warehouse(warehouse))
+    if fmt == "json":
+        sys.stdout.write(_valid_json(xpl.to_json(result)))
+        return
+    for sentence in result["sentences"]:
+        out.print(sentence, markup=False, highlight=False, soft_wrap=True)
+        out.print()
+    table = Table(title=f"phases of cell {result['cell']['cell_id'][:16]} (medians of the sampled steps)")
+    for col in ("phase", "ms", "share", "samples"):
+        table.add_column(col, overflow="fold")
+    for p in result["phases"]:
+        table.add_row(p["phase"], fmt_num(p["seconds_median"] * 1000, 3), f"{p['share'] * 100:.1f} %"
+                      if p["share"] is not None else "-", str(p["samples"]))
+    gap = result["cell"]["gap_s"]
+    table.add_row("(in no phase)", fmt_num(gap * 1000 if gap is not None else None, 3),
+                  f"{result['cell']['gap_share'] * 100:.1f} %" if result["cell"]["gap_share"] is not None else "-", "")
+    out.print(table)
 
 
 @command(app)

@@ -1,0 +1,198 @@
+"""``matrun explain CELL``: where a cell's training step goes, what bounds it, how the same
+workload does in the other frameworks and, for a multi-worker cell, what the model predicted
+— in sentences (docs/MODEL.md).
+
+The numbers are the ``iteration_model`` and ``iteration_scaling`` views'; this module finds
+the cell, picks the comparisons and words them.  A fused phase (``forward+backward+update``)
+is compared only with the sum of the same phases elsewhere, never split.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from matrun.errors import InputError
+from matrun.frameworks import display_name
+from matrun.warehouse.compare import check_warehouse, fetch, reader
+
+# A cell id is hex (runner/planning/identity.py); a warehouse may hold bundles written with
+# other ids, so any of these characters is looked up (a prefix: starts_with, never a pattern).
+_CELL = re.compile(r"^[0-9A-Za-z._-]{4,64}\Z")
+#: The columns that make two cells "the same workload" across frameworks.
+WORKLOAD = ("model", "dataset", "device", "threads", "batch_size", "workers", "nodes", "precision")
+_WORDS = {"input": "input", "h2d": "host-to-device copy", "forward": "forward pass",
+          "backward": "backward pass", "exchange": "gradient exchange", "update": "optimizer update"}
+
+
+def check_cell(cell: str) -> str:
+    """``cell`` as given (a cell id or a prefix of at least 4 of its characters), or
+    ``InputError``."""
+    if not isinstance(cell, str) or not _CELL.match(cell):
+        shown = cell if len(cell) <= 40 else cell[:37] + "..."
+        raise InputError(f"CELL {shown!r}: expected a cell id or its first 4 or more characters "
+                         "(`matrun status` lists them)")
+    return cell
+
+
+def explain(cell: str, *, warehouse: Path | str) -> dict[str, Any]:
+    """The explanation of ``cell``: ``cell`` (its descriptors), ``phases`` (its rows of
+    ``iteration_model``), ``others`` (the same workload's cells in other frameworks, their
+    step and phases), ``scaling`` (its ``iteration_scaling`` rows, as the cell or as the
+    reference) and ``sentences``."""
+    cell = check_cell(cell)
+    path = check_warehouse(warehouse)
+    with reader(path) as con:
+        ids = [r["cell_id"] for r in fetch(con, "SELECT DISTINCT cell_id FROM iteration_model "
+                                                "WHERE starts_with(cell_id, $p) ORDER BY cell_id", {"p": cell})]
+        if not ids:
+            ran = fetch(con, "SELECT count(*) AS n FROM runs WHERE starts_with(cell_id, $p)", {"p": cell})[0]["n"]
+            why = ("its runs sampled no phases (phase_sampling = 0, inference, or a matrun before phases)"
+                   if ran else "no run of it is in the warehouse")
+            raise InputError(f"CELL {cell}: no cell with sampled phases matches: {why}")
+        if len(ids) > 1:
+            raise InputError(f"CELL {cell}: matches {len(ids)} cells ({', '.join(i[:16] for i in ids[:5])}"
+                             f"{' …' if len(ids) > 5 else ''}); give more of its id")
+        cell_id = ids[0]
+        phases = fetch(con, "SELECT * FROM iteration_model WHERE cell_id = $c ORDER BY ordinal", {"c": cell_id})
+        head = phases[0]
+        same = " AND ".join(f"o.{k} IS NOT DISTINCT FROM $w_{k}" for k in WORKLOAD)
+        others = fetch(con, f"SELECT o.* FROM iteration_model AS o WHERE o.cell_id <> $c AND {same} "
+                            "ORDER BY o.framework, o.cell_id, o.ordinal",
+                       {"c": cell_id, **{f"w_{k}": head[k] for k in WORKLOAD}})
+        scaling = fetch(con, "SELECT * FROM iteration_scaling WHERE cell_id = $c OR ref_cell_id = $c "
+                             "ORDER BY workers, cell_id", {"c": cell_id})
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for row in others:
+        grouped.setdefault(row["cell_id"], []).append(row)
+    result = {"cell": {k: head[k] for k in ("cell_id", "framework", "variant", *WORKLOAD, "runs", "sampled_steps",
+                                            "phase_every", "step_s_median", "sampled_step_s_median",
+                                            "gap_s", "gap_share", "bottleneck", "fused", "gradient_bytes")},
+              "phases": [{k: r[k] for k in ("phase", "seconds_median", "share", "samples")} for r in phases],
+              "others": [_other(rows) for rows in grouped.values()],
+              "scaling": scaling}
+    result["sentences"] = sentences(result)
+    return result
+
+
+def _other(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    head = rows[0]
+    return {"cell_id": head["cell_id"], "framework": head["framework"], "variant": head["variant"],
+            "step_s_median": head["step_s_median"], "sampled_step_s_median": head["sampled_step_s_median"],
+            "phases": {r["phase"]: r["seconds_median"] for r in rows}}
+
+
+def sentences(result: dict[str, Any]) -> list[str]:
+    """The explanation in plain sentences (docs/MODEL.md "matrun explain")."""
+    cell, phases = result["cell"], result["phases"]
+    name = display_name(cell["framework"])
+    step = cell["step_s_median"] or cell["sampled_step_s_median"]
+    threads = cell["threads"]
+    where = (f"{cell['model']} on {cell['dataset']} in {name} ({cell['device']}, "
+             f"{'threads unset' if threads == 'unset' else f'{threads} thread' + ('s' if threads != '1' else '')}, "
+             f"batch {cell['batch_size']}, {cell['workers']} worker{'s' if cell['workers'] != 1 else ''}"
+             f"{', ' + str(cell['nodes']) + ' nodes' if cell['nodes'] and cell['nodes'] > 1 else ''})")
+    parts = ", ".join(f"{_phase_words(p['phase'])} {_ms(p['seconds_median'])} ({_pct(p['share'])})" for p in phases)
+    out = [f"{where}: a training step takes {_ms(step)} (median of the unsampled timed steps); "
+           f"{cell['sampled_steps']} sampled step{'s' if cell['sampled_steps'] != 1 else ''} "
+           f"(every {cell['phase_every']}th) split it into {parts}"
+           + (f", and {_ms(cell['gap_s'])} ({_pct(cell['gap_share'])}) is in no phase." if cell["gap_s"] is not None
+              else ".")]
+    top = max(phases, key=lambda p: p["seconds_median"] or 0)
+    if "+" in top["phase"]:
+        out.append(f"{name} runs its {_phase_words(top['phase'])} as one call ({_pct(top['share'])} of the step): "
+                   "matrun does not split a fused time, so within it the bottleneck is not known from "
+                   "this cell; the other frameworks' phases below show how the parts compare.")
+    else:
+        out.append(f"The {_WORDS.get(top['phase'], top['phase'])} bounds this step: {_pct(top['share'])} of it.")
+    mine = {p["phase"]: p["seconds_median"] for p in phases}
+    for other in sorted(result["others"], key=lambda o: o["step_s_median"] or o["sampled_step_s_median"] or 0):
+        out.append(_comparison(name, step, mine, other))
+    for row in result["scaling"]:
+        out.append(_scaling_sentence(row, cell["cell_id"]))
+    return out
+
+
+def _comparison(name: str, step: float, mine: dict[str, float], other: dict[str, Any]) -> str:
+    """One sentence: the other framework's step against this one's, and the phase (or fused
+    phases, against the sum of the same phases here) that differs most."""
+    theirs = other["step_s_median"] or other["sampled_step_s_median"]
+    who = display_name(other["framework"])
+    change = theirs / step - 1 if step else None
+    text = (f"{who}'s step on the same workload is {_rel(change)} ({_ms(theirs)}, cell {other['cell_id'][:16]})"
+            if change is not None else f"{who} ran the same workload (cell {other['cell_id'][:16]})")
+    best = None
+    for phase, seconds in other["phases"].items():
+        want = set(phase.split("+"))
+        covering = [p for p in mine if set(p.split("+")) <= want]
+        if not covering or set().union(*(set(p.split("+")) for p in covering)) != want or not seconds:
+            continue
+        here = sum(mine[p] for p in covering)
+        if here and (best is None or abs(seconds - here) > abs(best[1] - best[2])):
+            best = (phase, seconds, here)
+    if best is None:
+        return text + "; no phase of the two can be set against each other (they fuse different phases)."
+    phase, seconds, here = best
+    return (text + f": its {_phase_words(phase)} takes {_ms(seconds)} against {_ms(here)} here "
+                   f"({_rel(seconds / here - 1)}).")
+
+
+def _scaling_sentence(row: dict[str, Any], cell_id: str) -> str:
+    name = display_name(row["framework"])
+    role = "This cell" if row["cell_id"] == cell_id else f"Its {row['workers']}-worker cell {row['cell_id'][:16]}"
+    if row["predicted_speedup"] is None:
+        return (f"{role} ({name}, {row['workers']} workers) measured a speedup of {_x(row['speedup'])}; "
+                "no prediction: its all-reduce was not calibrated.")
+    overlap = (f", {_ms(row['exposed_s'])} of it not hidden behind the backward pass" if row["overlaps_backward"]
+               else ", not overlapped with the backward pass")
+    return (f"{role} ({name}, {row['workers']} workers, {row['scaling']} scaling): the model predicts a speedup "
+            f"of {_x(row['predicted_speedup'])} against a linear {row['linear_speedup']}× — compute "
+            f"{_ms(row['compute_s'])} from the 1-worker phases plus a {row['pattern'] or 'gradient exchange'} of "
+            f"{row['gradient_bytes']:,} bytes over {row['transport'] or 'its transport'} "
+            f"({_ms(row['latency_s'])} latency, {_rate(row['bandwidth_bytes_per_s'])}: {_ms(row['exchange_s'])}"
+            f"{overlap}); measured {_x(row['speedup'])}, a prediction error of {_signed_pct(row['prediction_error'])}.")
+
+
+def _phase_words(phase: str) -> str:
+    parts = phase.split("+")
+    words = [_WORDS.get(p, p) for p in parts]
+    return words[0] if len(words) == 1 else "fused " + " + ".join(parts)
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.3g} ms" if abs(seconds) < 1 else f"{seconds:.3g} s"
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.0f} %"
+
+
+def _signed_pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:+.0f} %"
+
+
+def _rel(change: float | None) -> str:
+    if change is None:
+        return "-"
+    if abs(change) < 0.005:
+        return "the same length"
+    return f"{abs(change) * 100:.0f} % {'shorter' if change < 0 else 'longer'}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}×"
+
+
+def _rate(bps: float | None) -> str:
+    if bps is None:
+        return "bandwidth unknown"
+    return f"{bps / 1e9:.2f} GB/s" if bps >= 1e9 else f"{bps / 1e6:.0f} MB/s"
+
+
+def to_json(result: dict[str, Any]) -> str:
+    """The explanation as JSON (numbers as numbers, the sentences as a list)."""
+    return json.dumps(result, indent=2, default=str, allow_nan=False) + "\n"
