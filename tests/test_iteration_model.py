@@ -139,6 +139,8 @@ def test_iteration_scaling_predicts_from_the_reference_phases_and_the_calibratio
     assert torch["exposed_s"] == 0 and torch["predicted_step_s"] == pytest.approx(0.010)
     assert torch["predicted_speedup"] == pytest.approx(2.0)
     assert torch["prediction_error"] == pytest.approx(2.0 / 1.25 - 1)
+    # the 2-worker cell's forward (5 ms) against the reference's (4.5 ms); TensorFlow fuses it
+    assert torch["forward_slowdown"] == pytest.approx(0.005 / 0.0045) and tf["forward_slowdown"] is None
     # TensorFlow does not: 8 ms + 3 ms exposed -> 2 x 8 / 11
     assert tf["ref_step_s"] == pytest.approx(0.008) and tf["exposed_s"] == pytest.approx(0.003)
     assert tf["predicted_speedup"] == pytest.approx(2 * 0.008 / 0.011)
@@ -151,13 +153,18 @@ def test_explain_says_where_the_time_goes_and_compares_frameworks(warehouse: Pat
     text = result["sentences"]
     assert text[0].startswith("lenet5 on synthetic in PyTorch (cpu, 1 thread, batch 64, 1 worker): a training "
                               "step takes 10 ms")
-    assert "forward pass 4.5 ms (39 %), backward pass 5.5 ms (48 %), optimizer update 1 ms (9 %)" in text[0]
+    assert ("2 sampled steps (one timed step in 3) split it into forward pass 4.5 ms (39 %), backward pass 5.5 ms "
+            "(48 %), optimizer update 1 ms (9 %), and 0.5 ms (4 %) is in no phase.") in text[0]
     assert text[1] == "The backward pass bounds this step: 48 % of it."
     # TensorFlow's 8 ms step; its fused phases against the sum of the same three here (11 ms)
     assert text[2] == ("TensorFlow's step on the same workload is 20 % shorter (8 ms, cell b1tf000000000001): "
                        "its fused forward + backward + update takes 10 ms against 11 ms here (9 % shorter).")
     assert any(s.startswith("Its 2-worker cell a2torch000000001 (PyTorch, 2 workers, weak scaling): the model "
-                            "predicts a speedup of 2.00× against a linear 2×") and "+60 %" in s for s in text)
+                            "predicts a speedup of 2.00× against a linear 2×") and "+60 %" in s
+               and s.endswith("Each worker's forward pass took 1.1× as long as the 1-worker cell's: the workers "
+                              "contended for the host's cores, caches or memory bandwidth, which the model assumes "
+                              "they do not.")
+               for s in text)
     fused = explain("b1tf", warehouse=warehouse)["sentences"]
     assert fused[1].startswith("TensorFlow runs its fused forward + backward + update as one call (95 % of the "
                                "step): matrun does not split a fused time")

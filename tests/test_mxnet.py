@@ -20,7 +20,7 @@ from matrun.runner.harness.adapters import mxnet as mxnet_gluon
 from matrun.runner.planning.matrix import parse_matrix
 from test_harness import EVENT_KEYS, ZOO_PARITY, events_of, only, run_harness, write_spec
 from test_local_executor import run_cell
-from test_workers import TWO_CPUS, params as worker_params, run_local
+from test_workers import TWO_CPUS, check_two_workers, params as worker_params, run_local
 
 MX = {"framework": "mxnet", "env_id": "mxnet-cpu-test"}
 ZOO = [zoo[:3] for zoo in ZOO_PARITY]
@@ -166,7 +166,9 @@ def test_parameter_server_cell_samples_phases_and_calibrates(tmp_path, mxnet_env
     p = worker_params(framework="mxnet", workers=2, kvstore=kvstore, phase_sampling=5,
                       **({"cpuset": "0-1"} if TWO_CPUS else {}))
     outcome, run_dir = run_local(tmp_path, p)
-    assert outcome.status == "ok", outcome.error_tail
+    check_two_workers(outcome, run_dir, sync=kvstore == "dist_sync")  # (was test_workers' own MXNet test)
+    roles = sorted(path.name for path in (run_dir / "workers").iterdir())
+    assert roles == ["scheduler-0", "server-0", "worker-1"]
     order = ["forward", "backward", "exchange+update"]  # trainer.step: push, the server's update, pull
     # 12 steps, 2 of warm-up: timed steps 4 and 9 sampled, on every worker
     assert check_phases(events_of(run_dir), order, warmup=2, every=5, aggregate=True) == [6, 11]

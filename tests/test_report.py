@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, Iterator
@@ -38,12 +39,14 @@ import pytest
 from bundle_factory import make_bundle, read_json
 from matrun.errors import InputError
 from matrun.reports import data as reads
-from matrun.reports.build import PublishLeak, build_report, check_no_local_paths, local_paths
+from matrun.reports.build import (PublishLeak, build_report, check_no_local_paths, local_paths,
+                                  read_report_data)
 from matrun.reports.data import STUDY_VIEWS
 from matrun.reports.figures import epoch_figure, monitor_figure, throughput_figure
 from matrun.reports.pages import MARKER, csv_value, plotly_js_source, script_json
 from matrun.reports.shape import cell_labels, choose_run, mask_paths
-from matrun.reports.site import PAGES
+from matrun.reports.site import BUILDERS, PAGES, VIEW_PAGES, Context
+from matrun.reports.study_figures import phase_order
 from matrun.warehouse.bundles.write import write_json_atomic
 from matrun.warehouse.db import open_warehouse
 from matrun.warehouse.ingest import ingest
@@ -759,6 +762,145 @@ def test_a_sweep_report_keeps_the_reference_another_sweep_ran(fixture_site: Path
 
 
 # --- publishing ------------------------------------------------------------------------------
+
+
+# --- where the time goes (iterations.html; tests/report_fixture.py write_phase_bundles) ---------
+
+ONE_WORKER = "lenet5 · synthetic · cpu · 1 thread(s) · batch 64 · 1 worker"
+
+
+def _bars(fig: dict[str, Any]) -> dict[str, list[tuple[str, float, dict[str, Any]]]]:
+    """Per bar (y label): its stacked segments in drawing order, (name, ms, trace)."""
+    out: dict[str, list[tuple[str, float, dict[str, Any]]]] = {}
+    for trace in fig["data"]:
+        if trace["type"] == "bar":
+            out.setdefault(trace["y"][0], []).append((trace["name"], trace["x"][0], trace))
+    return out
+
+
+def test_the_time_page_stacks_each_cells_phases_and_the_rest(study_site: Path) -> None:
+    dom = parse(study_site.parent / "iterations.html")
+    fig = figure_spec(dom, "fig-phases-0")
+    assert fig["layout"]["title"]["text"] == f"Where a step's time goes — {ONE_WORKER}"
+    assert fig["layout"]["barmode"] == "stack"
+    bars = _bars(fig)
+    assert list(bars) == ["jax", "torch"]  # the 2-worker and the hostile cell have their own figures
+    # torch: forward 4, backward 6, update 1 ms of a 12 ms sampled step; 1 ms in no phase
+    torch = bars["torch"]
+    assert [(n, pytest.approx(ms)) for n, ms, _ in torch] == [
+        ("forward", 4.0), ("backward", 6.0), ("update", 1.0), ("in no phase", 1.0)]
+    assert sum(ms for _, ms, _ in torch) == pytest.approx(12.0)  # the bar is the sampled step
+    assert all("pattern" not in t["marker"] for _, _, t in torch)
+    # jax runs its step as one program: named together, hatched; its phases take 8.1 ms of an
+    # 8 ms step, so "in no phase" is drawn as 0 and its hover keeps -0.1 ms
+    (fused, fused_ms, fused_trace), (gap, gap_ms, gap_trace) = bars["jax"]
+    assert (fused, fused_ms) == ("forward+backward+update (fused)", pytest.approx(8.1))
+    assert fused_trace["marker"]["pattern"]["shape"] == "/"
+    assert (gap, gap_ms) == ("in no phase", 0.0)
+    assert gap_trace["customdata"][0][0] == pytest.approx(-0.1)
+    # one legend entry per phase, in the order phases run; the same colour in every figure
+    entries = [t for t in fig["data"] if t.get("showlegend") is not False]
+    assert [t["name"] for t in sorted(entries, key=lambda t: t["legendrank"])] == [
+        "forward+backward+update (fused)", "forward", "backward", "update", "in no phase",
+        "sampled step (median)", "unsampled step (median: the throughput's)"]
+    two = _bars(figure_spec(dom, "fig-phases-2"))
+    assert [n for n, _, _ in two["torch"]] == ["forward", "backward", "exchange", "update", "in no phase"]
+    colour = {n: t["marker"]["color"] for b in (bars, two) for segs in b.values() for n, _, t in segs}
+    assert colour["forward"] == torch[0][2]["marker"]["color"] and len(set(colour.values())) == len(colour)
+    markers = {t["name"]: t["x"] for t in fig["data"] if t["type"] == "scatter"}
+    assert markers["sampled step (median)"] == pytest.approx([8.0, 12.0])
+    assert markers["unsampled step (median: the throughput's)"] == pytest.approx([8.0, 10.0])
+    # the hostile cell's model is a title, as text
+    hostile = figure_spec(dom, "fig-phases-1")["layout"]["title"]["text"]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hostile and "<script>" not in hostile
+
+
+def test_the_time_page_tables_one_row_per_cell(study_site: Path) -> None:
+    dom = parse(study_site.parent / "iterations.html")
+    lead = dom.find("section", id="iterations").find("p", class_="lead").text()
+    assert "docs/MODEL.md" in lead
+    headers, rows, _ = table_rows(dom, "iterations-table")
+    assert len(rows) == 4  # ph-jax, ph-evil, ph-torch, ph-torch-w2
+    by = {(cell(r, headers, "framework").text(), cell(r, headers, "workers").text(),
+           "alert" in cell(r, headers, "cell").text()): r for r in rows}
+    torch = by[("torch", "1", False)]
+    assert main_and_sub(cell(torch, headers, "step ms")) == ("10.000", "sampled 12.000")
+    assert cell(torch, headers, "phases (ms, in order)").text() == "forward 4.000 · backward 6.000 · update 1.000"
+    assert cell(torch, headers, "bottleneck").text() == "backward"
+    assert cell(torch, headers, "its share").text() == "50.0%"
+    assert cell(torch, headers, "fused").text() == "no"
+    assert main_and_sub(cell(torch, headers, "in no phase")) == ("8.3%", "1.0000 ms")
+    assert cell(torch, headers, "sampling cost").text() == "+20.0%"
+    assert cell(torch, headers, "gradient bytes").text() == "2,000,000"
+    jax = by[("jax", "1", False)]
+    assert cell(jax, headers, "fused").text() == "yes"
+    assert cell(jax, headers, "its share").text() == "101.2%"
+    assert main_and_sub(cell(jax, headers, "in no phase")) == ("-1.2%", "-0.1000 ms")
+    assert cell(by[("torch", "2", False)], headers, "its share").text() == "36.4%"  # 6 of 16.5 ms
+    assert XSS_SCRIPT in cell(by[("torch", "1", True)], headers, "cell").text()
+    # The CSV is the view's: a row per cell and phase, the negative gap kept as a number
+    header, body = _csv(study_site.parent / "iteration_model.csv")
+    jax_rows = [r for r in body if r[header.index("cell_id")] == "ph-jax"]
+    assert len(body) == 11 and len(jax_rows) == 1
+    assert float(jax_rows[0][header.index("gap_s")]) == pytest.approx(-0.0001)
+
+
+def test_the_time_page_sets_the_predicted_speedup_beside_the_measured(study_site: Path) -> None:
+    dom = parse(study_site.parent / "iterations.html")
+    traces = {t["name"]: t for t in figure_spec(dom, "fig-iteration-scaling")["data"]}
+    assert traces["linear (y = workers)"]["x"] == [1, 2] and traces["linear (y = workers)"]["y"] == [1, 2]
+    measured = next(t for n, t in traces.items() if n.endswith("· measured"))
+    predicted = next(t for n, t in traces.items() if n.endswith("· predicted"))
+    # reference 10 ms at 64 images; 2 workers: 10 ms compute + 0.5 ms + 2 MB at 1 GB/s exposed
+    # = 12.5 ms for 128 images: x1.6 predicted; measured 8000 / 6400 images/s: x1.25
+    assert measured["x"] == [1, 2] and measured["y"] == pytest.approx([1.0, 1.25])
+    assert predicted["y"] == pytest.approx([1.0, 1.6])
+    assert predicted["marker"]["symbol"].endswith("-open") and predicted["line"]["dash"] == "dot"
+    assert "-open" not in measured["marker"]["symbol"]
+    headers, rows, _ = table_rows(dom, "iteration-scaling-table")
+    assert len(rows) == 1
+    got = {h: main_and_sub(td)[0] if td.find_all("span") else td.text() for h, td in zip(headers, rows[0])}
+    assert {h: got[h] for h in ("framework", "model", "workers", "pattern", "transport", "latency ms",
+                                "bandwidth MB/s", "exchange ms", "exposed ms", "predicted step ms",
+                                "measured step ms", "predicted speedup", "speedup", "prediction error")} == {
+        "framework": "torch", "model": "lenet5", "workers": "2", "pattern": "ring all-reduce",
+        "transport": "gloo", "latency ms": "0.500", "bandwidth MB/s": "1,000.0", "exchange ms": "2.500",
+        "exposed ms": "2.500", "predicted step ms": "12.500", "measured step ms": "16.000",
+        "predicted speedup": "×1.60", "speedup": "×1.25", "prediction error": "+28.0%"}
+    assert [a.attrs["href"] for a in dom.find_all("a", class_="download")] == [
+        "iteration_model.csv", "iteration_scaling.csv"]
+
+
+def test_the_time_page_is_absent_without_phases_and_its_scaling_without_a_prediction(
+        study_warehouse: Path) -> None:
+    with open_warehouse(study_warehouse, read_only=True) as wh:
+        report = read_report_data(wh.con)
+    ctx = Context(report=report, labels=cell_labels(report.runs), colors={}, levels={})
+    build = BUILDERS["iterations.html"]
+    full = build(ctx)
+    assert full is not None and set(full.csv) == {"iteration_model.csv", "iteration_scaling.csv"}
+    assert [a for a, _ in full.anchors] == ["iterations", "iteration-scaling"]
+    alone = build(replace(ctx, report=replace(report, studies={**report.studies,
+                                                               "iteration_scaling": pl.DataFrame()})))
+    assert alone is not None and set(alone.csv) == {"iteration_model.csv"}
+    assert [a for a, _ in alone.anchors] == ["iterations"] and 'id="iteration-scaling"' not in alone.body
+    assert build(replace(ctx, report=replace(report, studies={**report.studies,
+                                                              "iteration_model": pl.DataFrame()}))) is None
+    assert VIEW_PAGES["iteration_model"] == VIEW_PAGES["iteration_scaling"] == "iterations.html"
+
+
+def test_phases_are_ordered_as_they_run_across_cells() -> None:
+    frame = pl.DataFrame({"cell_id": ["a", "a", "a", "b", "b", "b", "b", "c"],
+                          "ordinal": [0, 1, 2, 3, 0, 2, 1, 0],
+                          "phase": ["forward", "backward", "update", "update", "forward", "exchange",
+                                    "backward", "forward+backward+update"]})
+    # exchange (cell b only) before update (both): each cell's order kept, by ordinal
+    assert phase_order(frame) == ["forward", "forward+backward+update", "backward", "exchange", "update"]
+    # cells that disagree (a cycle) keep the order first seen
+    cycle = pl.DataFrame({"cell_id": ["a", "a", "b", "b"], "ordinal": [0, 1, 0, 1],
+                          "phase": ["forward", "update", "update", "forward"]})
+    assert phase_order(cycle) == ["forward", "update"]
+    assert phase_order(cycle.clear()) == []
 
 
 def test_publish_writes_a_copy_without_local_paths(study_warehouse: Path, tmp_path: Path) -> None:

@@ -224,7 +224,7 @@ def test_every_page_renders_in_a_real_browser(study_site: Path, tmp_path: Path) 
     artifacts = Path(os.environ.get("MATRUN_TEST_ARTIFACTS") or tmp_path / "artifacts")
     artifacts.mkdir(parents=True, exist_ok=True)
     pages = sorted(p.name for p in study_site.glob("*.html"))
-    assert len(pages) == 14, pages  # index + every section: the fixture has data for all
+    assert len(pages) == 15, pages  # index + every section: the fixture has data for all
     profile = tmp_path / "profile"
     profile.mkdir()
     browser = Browser(executable, profile)

@@ -191,7 +191,8 @@ def test_two_workers_time_phases_and_calibrate_the_all_reduce(tmp_path, tf_env):
     p = worker_params(framework="tensorflow", workers=2, iterations=22, input_pipeline="loader", loader_workers=1,
                       **CPUSET)
     outcome, run_dir = run_local(tmp_path, p)
-    summary = check_two_workers(outcome, run_dir)
+    summary = check_two_workers(outcome, run_dir)  # (was test_workers' own TensorFlow test)
+    assert "all-reduce" in summary["exchange"]["method"]
     order = ["input", "forward+backward+exchange+update"]
     assert [r["step"] for r in check_phases(events_of(run_dir), order)] == [11, 21]  # warm-up 2: timed 9, 19
     other = events_of(run_dir / "workers" / "worker-1")

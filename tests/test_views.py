@@ -39,8 +39,8 @@ CONTRACT = {
                          "nodes, workers, batch_size, global_batch, per_worker_batch, scaling, pattern, transport, "
                          "overlaps_backward, gradient_bytes, calibration_points, latency_s, bandwidth_bytes_per_s, "
                          "ref_step_s, ref_exchange_s, ref_backward_s, compute_s, exchange_s, exposed_s, "
-                         "predicted_step_s, measured_step_s, predicted_speedup, speedup, linear_speedup, efficiency, "
-                         "prediction_error",
+                         "predicted_step_s, measured_step_s, forward_slowdown, predicted_speedup, speedup, linear_speedup, "
+                         "efficiency, prediction_error",
     "run_overview": "run_id, sweep, cell_id, repeat, attempt, status, exit_code, executor, "
                     "env_id, framework, variant, model, dataset, device, threads, batch_size, "
                     "epochs, iterations, optimizer, lr, onednn, cpuset, started_at, wall_seconds, "

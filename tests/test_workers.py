@@ -411,21 +411,9 @@ def test_torch_one_and_two_workers_local(tmp_path, torch_env):
     assert s["gradient_bytes"] == 61706 * 4
 
 
-@pytest.mark.slow
-def test_tensorflow_two_workers_local(tmp_path, tf_env):
-    outcome, run_dir = run_local(tmp_path, params(framework="tensorflow", workers=2, **CPUSET))
-    s = check_two_workers(outcome, run_dir)
-    assert "all-reduce" in s["exchange"]["method"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kvstore", ["dist_sync", "dist_async"])
-def test_mxnet_two_workers_local(tmp_path, mxnet_env, kvstore):
-    outcome, run_dir = run_local(tmp_path, params(framework="mxnet", workers=2, kvstore=kvstore, **CPUSET))
-    s = check_two_workers(outcome, run_dir, sync=kvstore == "dist_sync")
-    assert s["exchange"]["kvstore"] == kvstore
-    roles = sorted(p.name for p in (run_dir / "workers").iterdir())
-    assert roles == ["scheduler-0", "server-0", "worker-1"]
+# TensorFlow's and MXNet's two local workers: tests/test_tensorflow.py
+# (test_two_workers_time_phases_and_calibrate_the_all_reduce) and tests/test_mxnet.py
+# (test_parameter_server_cell_samples_phases_and_calibrates), which check the same and more.
 
 
 # --- real cells in containers --------------------------------------------------------------------

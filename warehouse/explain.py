@@ -97,7 +97,7 @@ def sentences(result: dict[str, Any]) -> list[str]:
     parts = ", ".join(f"{_phase_words(p['phase'])} {_ms(p['seconds_median'])} ({_pct(p['share'])})" for p in phases)
     out = [f"{where}: a training step takes {_ms(step)} (median of the unsampled timed steps); "
            f"{cell['sampled_steps']} sampled step{'s' if cell['sampled_steps'] != 1 else ''} "
-           f"(every {cell['phase_every']}th) split it into {parts}"
+           f"(one timed step in {cell['phase_every']}) split it into {parts}"
            + (f", and {_ms(cell['gap_s'])} ({_pct(cell['gap_share'])}) is in no phase." if cell["gap_s"] is not None
               else ".")]
     top = max(phases, key=lambda p: p["seconds_median"] or 0)
@@ -152,7 +152,19 @@ def _scaling_sentence(row: dict[str, Any], cell_id: str) -> str:
             f"{_ms(row['compute_s'])} from the 1-worker phases plus a {row['pattern'] or 'gradient exchange'} of "
             f"{row['gradient_bytes']:,} bytes over {row['transport'] or 'its transport'} "
             f"({_ms(row['latency_s'])} latency, {_rate(row['bandwidth_bytes_per_s'])}: {_ms(row['exchange_s'])}"
-            f"{overlap}); measured {_x(row['speedup'])}, a prediction error of {_signed_pct(row['prediction_error'])}.")
+            f"{overlap}); measured {_x(row['speedup'])}, a prediction error of {_signed_pct(row['prediction_error'])}."
+            + _contention(row))
+
+
+def _contention(row: dict[str, Any]) -> str:
+    """What the forward phases say of the model's first assumption (independent compute)."""
+    slowdown = row.get("forward_slowdown")
+    if slowdown is None:
+        return ""
+    if slowdown > 1.1:
+        return (f" Each worker's forward pass took {slowdown:.1f}× as long as the 1-worker cell's: the workers "
+                "contended for the host's cores, caches or memory bandwidth, which the model assumes they do not.")
+    return f" Each worker's forward pass took {slowdown:.2f}× the 1-worker cell's: no sign of contention."
 
 
 def _phase_words(phase: str) -> str:

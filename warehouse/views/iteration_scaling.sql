@@ -15,13 +15,17 @@
 --   predicted_speedup = (global_batch / predicted_step_s) / (ref_global_batch / ref_step_s).
 -- speedup: worker_scaling's measured speedup (throughput over the reference's), linear:
 -- the number of workers; prediction_error = predicted_speedup / speedup - 1.  measured_step_s:
--- the cell's own unsampled step median.  NULL where the calibration is missing.
+-- the cell's own unsampled step median.  forward_slowdown: the cell's forward phase over the
+-- reference's (where both time it apart): above 1 the workers computed slower than one alone —
+-- they contend for the host's cores, caches or memory bandwidth, which the model assumes they
+-- do not (docs/MODEL.md "Assumptions").  NULL where the calibration is missing.
 WITH cell_model AS (
     SELECT DISTINCT cell_id, step_s_median, sampled_step_s_median, gradient_bytes
     FROM iteration_model
 ),
 ref_phases AS (
     SELECT cell_id,
+        sum(seconds_median) FILTER (WHERE phase = 'forward')                           AS forward_s,
         sum(seconds_median) FILTER (WHERE contains(phase, 'exchange'))                 AS exchange_s,
         sum(seconds_median) FILTER (WHERE contains(phase, 'backward')
                                     AND NOT contains(phase, 'forward'))                AS backward_s
@@ -49,6 +53,7 @@ rows AS (
         rp.exchange_s                                                                  AS ref_exchange_s,
         rp.backward_s                                                                  AS ref_backward_s,
         cm.step_s_median                                                               AS measured_step_s,
+        cp.forward_s / NULLIF(rp.forward_s, 0)                                         AS forward_slowdown,
         greatest(k.latency_s, 0)                                                       AS latency_s,
         k.bandwidth_bytes_per_s, k.points AS calibration_points, k.pattern, k.transport,
         k.overlaps_backward,
@@ -58,6 +63,7 @@ rows AS (
     JOIN cell_model AS rm ON rm.cell_id = w.ref_cell_id
     JOIN ref_phases AS rp ON rp.cell_id = w.ref_cell_id
     LEFT JOIN cell_model AS cm ON cm.cell_id = w.cell_id
+    LEFT JOIN ref_phases AS cp ON cp.cell_id = w.cell_id
     LEFT JOIN calibration AS k ON k.cell_id = w.cell_id
     WHERE w.workers > 1
 ),
@@ -81,6 +87,7 @@ SELECT
     ref_step_s, ref_exchange_s, ref_backward_s, compute_s, exchange_s, exposed_s,
     compute_s + exposed_s                                                              AS predicted_step_s,
     measured_step_s,
+    forward_slowdown,
     (global_batch / (compute_s + exposed_s)) / (ref_global_batch / ref_step_s)         AS predicted_speedup,
     speedup,
     workers                                                                            AS linear_speedup,
