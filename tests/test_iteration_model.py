@@ -280,3 +280,18 @@ def test_time_collective_times_each_size_after_one_untimed_call() -> None:
     points = ph.time_collective(prepare, sizes=(8, 16), rounds=3, barrier=lambda: barriers.append(1))
     assert [b for b, _ in points] == [8, 16] and all(s >= 0 for _, s in points)
     assert calls == [8] * 4 + [16] * 4 and len(barriers) == 6
+
+
+def test_a_phase_without_counterpart_is_named_not_compared() -> None:
+    from matrun.warehouse.explain import _comparison
+
+    mine = {"forward": 0.02, "backward": 0.05, "update": 0.01}
+    other = {"cell_id": "f" * 16, "framework": "mxnet", "step_s_median": 0.2, "sampled_step_s_median": 0.2,
+             "phases": {"forward": 0.02, "backward": 0.04, "exchange+update": 0.13}}
+    assert _comparison("PyTorch", 0.1, mine, other) == (
+        "MXNet's step on the same workload is 100 % longer (200 ms, cell ffffffffffffffff): its backward pass "
+        "takes 40 ms against 50 ms here (20 % shorter); its fused exchange + update (130 ms, 65 % of its step) "
+        "has no counterpart here.")
+    fused = {**other, "phases": {"forward+backward": 0.06, "exchange+update": 0.13}}
+    assert _comparison("PyTorch", 0.1, {"forward+backward+update": 0.08}, fused).endswith(
+        "its fused exchange + update (130 ms, 65 % of its step) has no counterpart here.")

@@ -123,20 +123,27 @@ def _comparison(name: str, step: float, mine: dict[str, float], other: dict[str,
     change = theirs / step - 1 if step else None
     text = (f"{who}'s step on the same workload is {_rel(change)} ({_ms(theirs)}, cell {other['cell_id'][:16]})"
             if change is not None else f"{who} ran the same workload (cell {other['cell_id'][:16]})")
-    best = None
+    best, unmatched = None, []
     for phase, seconds in other["phases"].items():
         want = set(phase.split("+"))
         covering = [p for p in mine if set(p.split("+")) <= want]
         if not covering or set().union(*(set(p.split("+")) for p in covering)) != want or not seconds:
+            unmatched.append((phase, seconds))
             continue
         here = sum(mine[p] for p in covering)
         if here and (best is None or abs(seconds - here) > abs(best[1] - best[2])):
             best = (phase, seconds, here)
+    # a phase this cell has no counterpart of (an exchange through a parameter server, a fusion
+    # that cuts across this cell's phases) that weighs in the other step
+    heavy = [(p, sec) for p, sec in unmatched if theirs and sec and sec / theirs >= 0.2]
+    extra = "".join(f"; its {_phase_words(p)} ({_ms(sec)}, {_pct(sec / theirs)} of its step) has no "
+                    "counterpart here" for p, sec in heavy)
     if best is None:
-        return text + "; no phase of the two can be set against each other (they fuse different phases)."
+        return text + (extra or "; no phase of the two can be set against each other (they fuse different "
+                                "phases)") + "."
     phase, seconds, here = best
     return (text + f": its {_phase_words(phase)} takes {_ms(seconds)} against {_ms(here)} here "
-                   f"({_rel(seconds / here - 1)}).")
+                   f"({_rel(seconds / here - 1)}){extra}.")
 
 
 def _scaling_sentence(row: dict[str, Any], cell_id: str) -> str:
