@@ -532,6 +532,7 @@ def iteration_scaling_table(frame: pl.DataFrame, labels: Mapping[Any, str], *,
         Column("predicted speedup", lambda r: ratio(r["predicted_speedup"])),
         Column("speedup", lambda r: ratio(r["speedup"])),
         Column("prediction error", lambda r: _speedup_error(r["prediction_error"])),
+        Column("forward ÷ 1 worker", lambda r: ratio(r.get("forward_slowdown"))),
     ]
     return table_block("Predicted against measured scaling (C; B, E)", "iteration-scaling-table", frame,
                        columns, csv_href,
@@ -539,7 +540,9 @@ def iteration_scaling_table(frame: pl.DataFrame, labels: Mapping[Any, str], *,
                             "the cell's own all-reduce calibration; exposed: the part not hidden "
                             "behind the reference's backward pass; predicted step: the reference's "
                             "compute plus the exposed exchange. Prediction error: predicted ÷ "
-                            "measured speedup − 1. MB = 10⁶ bytes.")
+                            "measured speedup − 1. Forward ÷ 1 worker: the cell's forward phase "
+                            "over the reference's; above ×1 the workers contend for the host, "
+                            "which the model assumes they do not. MB = 10⁶ bytes.")
 
 
 # --- options ---------------------------------------------------------------------------------

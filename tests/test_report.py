@@ -804,7 +804,8 @@ def test_the_time_page_stacks_each_cells_phases_and_the_rest(study_site: Path) -
         "forward+backward+update (fused)", "forward", "backward", "update", "in no phase",
         "sampled step (median)", "unsampled step (median: the throughput's)"]
     two = _bars(figure_spec(dom, "fig-phases-2"))
-    assert [n for n, _, _ in two["torch"]] == ["forward", "backward", "exchange", "update", "in no phase"]
+    assert [(n, pytest.approx(ms)) for n, ms, _ in two["torch"]] == [
+        ("forward", 4.4), ("backward", 6.0), ("exchange", 4.0), ("update", 1.0), ("in no phase", 1.1)]
     colour = {n: t["marker"]["color"] for b in (bars, two) for segs in b.values() for n, _, t in segs}
     assert colour["forward"] == torch[0][2]["marker"]["color"] and len(set(colour.values())) == len(colour)
     markers = {t["name"]: t["x"] for t in fig["data"] if t["type"] == "scatter"}
@@ -862,11 +863,13 @@ def test_the_time_page_sets_the_predicted_speedup_beside_the_measured(study_site
     got = {h: main_and_sub(td)[0] if td.find_all("span") else td.text() for h, td in zip(headers, rows[0])}
     assert {h: got[h] for h in ("framework", "model", "workers", "pattern", "transport", "latency ms",
                                 "bandwidth MB/s", "exchange ms", "exposed ms", "predicted step ms",
-                                "measured step ms", "predicted speedup", "speedup", "prediction error")} == {
+                                "measured step ms", "predicted speedup", "speedup", "prediction error",
+                                "forward ÷ 1 worker")} == {
         "framework": "torch", "model": "lenet5", "workers": "2", "pattern": "ring all-reduce",
         "transport": "gloo", "latency ms": "0.500", "bandwidth MB/s": "1,000.0", "exchange ms": "2.500",
         "exposed ms": "2.500", "predicted step ms": "12.500", "measured step ms": "16.000",
-        "predicted speedup": "×1.60", "speedup": "×1.25", "prediction error": "+28.0%"}
+        "predicted speedup": "×1.60", "speedup": "×1.25", "prediction error": "+28.0%",
+        "forward ÷ 1 worker": "×1.10"}  # 4.4 ms forward at 2 workers, 4 ms at 1
     assert [a.attrs["href"] for a in dom.find_all("a", class_="download")] == [
         "iteration_model.csv", "iteration_scaling.csv"]
 
