@@ -39,6 +39,7 @@ BASE_PARAMS: dict[str, Any] = {
     "epochs": 3, "batch_size": 32, "eval_batch_size": 100, "lr": 0.05, "warmup_steps": 5,
     "gpus": None, "layout": "nchw", "precision": "fp32", "conv_algo": "heuristic",
     "layer_profile": False, "preset": "none", "onednn_check": False,
+    "phase_sampling": 10,  # (the default is 20) short test runs sample every 10th timed step
 }
 
 # docs/BUNDLE.md, events.jsonl: the keys of each record type
@@ -359,7 +360,7 @@ def test_synthetic_run_writes_every_event(torch_python: Path, stage: Path, tmp_p
     epochs = [e for e in events if e["type"] == "epoch"]
     assert len(steps) == 3 * 16 and [e["steps"] for e in epochs] == [16, 16, 16]
     assert [s["step"] for s in steps] == list(range(48))
-    # every 10th timed step (phase_sampling's default) is sampled: timed steps 9, 19, 29, 39
+    # every 10th timed step (BASE_PARAMS' phase_sampling) is sampled: timed steps 9, 19, 29, 39
     sampled = {5 + k for k in (9, 19, 29, 39)}
     assert [s["phase"] for s in steps] == ["warmup"] * 5 + ["sampled" if i in sampled else "timed"
                                                            for i in range(5, 48)]

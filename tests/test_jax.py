@@ -49,7 +49,7 @@ def in_jax(jax_env: Any, stage: Path, script: str, *, env: dict[str, str] | None
 
 
 def check_phases(events: list[dict[str, Any]], order: list[str], sampled: list[int]) -> list[dict[str, Any]]:
-    """The sampled steps (phase_sampling's default: every 10th timed step) are exactly
+    """The sampled steps (phase_sampling = 10 in these tests; the default is 20) are exactly
     ``sampled``, each with one ``phases`` record of the names ``order`` (the jitted step's
     phases under one fused name), all > 0 and within its step's seconds; the summary's
     ``phases``, ``timed_steps`` and throughput leave them out; ``gradient_bytes`` is the

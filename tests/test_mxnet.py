@@ -110,7 +110,7 @@ def test_harness_run_writes_every_event_type(tmp_path, mxnet_env, stage):
     assert len(steps) == 2 * 16  # 512 samples in batches of 32, two epochs
     assert [s["phase"] for s in steps[:6]] == ["warmup"] * 5 + ["timed"]
     assert all(s["seconds"] > 0 for s in steps)
-    # every 10th timed step is sampled (phase_sampling's default): preloaded batches, one context
+    # every 10th timed step is sampled (BASE_PARAMS' phase_sampling): preloaded batches, one context
     assert check_phases(events, ["forward", "backward", "update"], warmup=5) == [14, 24]
     summary = only(events, "summary")
     assert (summary["warmup_steps"], summary["timed_steps"]) == (5, 25)

@@ -34,7 +34,7 @@ def plan(**fixed: Any) -> dict[str, Any]:
 
 
 def check_phases(events: list[dict[str, Any]], order: list[str]) -> list[dict[str, Any]]:
-    """Every 10th timed step (``phase_sampling``'s default) is sampled, with one ``phases`` record
+    """Every 10th timed step (``phase_sampling`` = 10 here; the default is 20) is sampled, with one ``phases`` record
     of the phases ``order`` (all > 0, their sum within the step), kept out of ``timed_steps``
     and summarised in the summary's ``phases``; returns the ``phases`` records."""
     steps = [e for e in events if e["type"] == "step"]

@@ -68,7 +68,7 @@ STEP = "forward+backward+update"  # Theano's training step: one compiled functio
 
 
 def check_phases(events: list[dict[str, Any]], order: list[str], sampled: list[int]) -> list[dict[str, Any]]:
-    """The sampled steps (phase_sampling's default: every 10th timed step) are exactly
+    """The sampled steps (phase_sampling = 10 in these tests; the default is 20) are exactly
     ``sampled``, each with one ``phases`` record of the names ``order``, all > 0 and within
     its step's seconds; the summary's ``phases`` and ``timed_steps`` leave them out of the
     throughput.  Returns the phase records."""

@@ -33,7 +33,7 @@ from matrun.runner.planning.identity import cell_id
 from conftest import built_image
 
 TINY = {"dataset": "synthetic", "synthetic_train": 512, "synthetic_test": 128, "batch_size": 32,
-        "iterations": 12, "warmup_steps": 2, "threads": 2, "onednn_check": False}
+        "iterations": 12, "warmup_steps": 2, "threads": 2, "onednn_check": False, "phase_sampling": 10}
 TWO_CPUS = (os.cpu_count() or 1) >= 2 and {0, 1} <= os.sched_getaffinity(0)
 
 

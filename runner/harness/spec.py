@@ -324,7 +324,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
     Param("seed", integer(0, 2**31 - 1), 0, "random seed"),
     Param("timeout", number(0.0, None, open_min=True, what="a positive number of seconds"), 1800.0,
           "seconds before the cell is killed and recorded as timeout", identity=False, in_spec=HOST_ONLY),
-    Param("phase_sampling", integer(0, 1_000_000), 10,
+    Param("phase_sampling", integer(0, 1_000_000), 20,
           "time the phases (input, h2d, forward, backward, exchange, update) of every Nth timed "
           "step, kept out of the throughput (0: none; docs/MODEL.md)", identity=False, in_spec=OPTIONAL),
     Param("onednn_check", boolean, True,
