@@ -253,7 +253,7 @@ FAULTS: dict[str, tuple[Callable[[Path], None], str]] = {
         "BadBundle: events.jsonl: line 155: step record key 'images' should be an integer, got true"),
     "phase cooldown": (
         lambda d: set_step(d, 150, step_line(150, phase='"cooldown"')),
-        "BadBundle: events.jsonl: line 155: step phase 'cooldown' is not 'warmup' or 'timed'"),
+        "BadBundle: events.jsonl: line 155: step phase 'cooldown' is not 'warmup', 'timed' or 'sampled'"),
     "a lone surrogate in an extra key": (
         lambda d: set_step(d, 150, step_line(150)[:-1] + ', "x": "\\ud800"}'),
         "BadBundle: events.jsonl: line 155: step record key 'x' holds a lone UTF-16 surrogate "

@@ -33,7 +33,7 @@ CPUS = len(os.sched_getaffinity(0))
 
 def plan(**fixed: Any) -> dict[str, Any]:
     """The planned cell of a chainer matrix (its onednn is null: Chainer has none)."""
-    (cell,) = parse_matrix({"fixed": {"framework": "chainer", **fixed}},
+    (cell,) = parse_matrix({"fixed": {"framework": "chainer", "phase_sampling": 10, **fixed}},
                            path=Path("matrix.toml")).cells
     return dict(cell.values)
 
