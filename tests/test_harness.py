@@ -97,6 +97,46 @@ def only(events: list[dict[str, Any]], type_: str) -> dict[str, Any]:
     assert len(found) == 1, f"{len(found)} {type_} records"
     return found[0]
 
+def check_phases(events: list[dict[str, Any]], order: list[str], sampled: list[int] | None = None, *,
+                 every: int = 10, check_throughput: bool = True, gradient_element_bytes: int | None = 4
+                 ) -> list[dict[str, Any]]:
+    """The sampled steps of one process's events (every ``every``-th timed step; the tests run
+    at 10, the default is 20): exactly ``sampled`` when given; one ``phases`` record each with
+    ``order``'s names (fused phases under one name joined by ``+``), all > 0 and within the
+    step's seconds; the summary's ``phases`` computed from them; ``timed_steps`` and (unless
+    ``check_throughput`` is False: a multi-worker rank 0's throughput is the cell's) the
+    throughput over the other timed steps; ``gradient_bytes`` = the model's parameters x
+    ``gradient_element_bytes`` (None: not checked).  Returns the phase records."""
+    steps = [e for e in events if e["type"] == "step"]
+    summary = only(events, "summary")
+    warmup = summary["warmup_steps"]
+    assert [s["step"] for s in steps] == list(range(len(steps)))
+    assert [s["phase"] for s in steps[:warmup]] == ["warmup"] * warmup
+    expected = [i for i in range(warmup, len(steps)) if (i - warmup) % every == every - 1]
+    assert expected, "the run is too short to sample a step"
+    assert [s["step"] for s in steps if s["phase"] == "sampled"] == expected
+    if sampled is not None:
+        assert expected == sampled
+    records = [e for e in events if e["type"] == "phases"]
+    assert [r["step"] for r in records] == expected
+    for record in records:
+        assert list(record["phases"]) == order
+        assert all(v > 0 for v in record["phases"].values()), record
+        assert record["seconds"] == steps[record["step"]]["seconds"] >= sum(record["phases"].values())
+    timed = [s for s in steps if s["phase"] == "timed"]
+    assert summary["timed_steps"] == len(timed) == len(steps) - warmup - len(expected)
+    if check_throughput:
+        assert summary["throughput"] == pytest.approx(statistics.median(s["images"] / s["seconds"] for s in timed))
+    model = summary["phases"]
+    assert (model["every"], model["sampled_steps"], model["order"]) == (every, len(expected), order)
+    assert model["fused"] == [name for name in order if "+" in name]  # never split by guesswork
+    for name in order:
+        assert model["median"][name] == pytest.approx(statistics.median(r["phases"][name] for r in records))
+    assert model["unsampled_step_seconds_median"] == pytest.approx(statistics.median(s["seconds"] for s in timed))
+    if gradient_element_bytes is not None:
+        assert summary["gradient_bytes"] == only(events, "model")["parameters"] * gradient_element_bytes
+    return records
+
 
 def write_idx(path: Path, magic: int, dims: tuple[int, ...], payload: bytes, *, gz: bool) -> Path:
     """An IDX file in the official format: magic, big-endian uint32 dimensions, bytes."""

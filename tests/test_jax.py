@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import textwrap
 from pathlib import Path
@@ -20,7 +19,7 @@ from matrun.runner.executors.local import cell_environment
 from matrun.runner.harness import models, phases
 from matrun.runner.harness.adapters import jax as jax_adapter
 from matrun.runner.planning.matrix import parse_matrix
-from test_harness import EVENT_KEYS, ZOO_PARITY, events_of, only, write_spec
+from test_harness import EVENT_KEYS, ZOO_PARITY, check_phases, events_of, only, write_spec
 from test_workers import CPUSET, TWO_CPUS, check_two_workers, params, run_local
 
 JAX = {"framework": "jax", "env_id": "jax-cpu-test", "layout": "nhwc"}
@@ -46,39 +45,6 @@ def in_jax(jax_env: Any, stage: Path, script: str, *, env: dict[str, str] | None
                           env={"PYTHONPATH": str(stage), "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def check_phases(events: list[dict[str, Any]], order: list[str], sampled: list[int]) -> list[dict[str, Any]]:
-    """The sampled steps (phase_sampling = 10 in these tests; the default is 20) are exactly
-    ``sampled``, each with one ``phases`` record of the names ``order`` (the jitted step's
-    phases under one fused name), all > 0 and within its step's seconds; the summary's
-    ``phases``, ``timed_steps`` and throughput leave them out; ``gradient_bytes`` is the
-    model's parameters in float32 (the gradients are float32 at every precision).  Returns
-    the phase records."""
-    steps = [e for e in events if e["type"] == "step"]
-    summary = only(events, "summary")
-    warmup = summary["warmup_steps"]
-    assert [s["step"] for s in steps] == list(range(len(steps)))
-    assert [s["step"] for s in steps if s["phase"] == "sampled"] == sampled
-    assert [s["step"] - warmup for s in steps if s["phase"] == "sampled"] == [
-        k for k in range(len(steps) - warmup) if k % 10 == 9]  # every 10th timed step
-    records = [e for e in events if e["type"] == "phases"]
-    assert [r["step"] for r in records] == sampled
-    seconds = {s["step"]: s["seconds"] for s in steps}
-    for record in records:
-        assert list(record["phases"]) == order and all(v > 0 for v in record["phases"].values())
-        assert record["seconds"] == seconds[record["step"]] >= sum(record["phases"].values())
-    timed = [s for s in steps if s["phase"] == "timed"]
-    assert summary["timed_steps"] == len(timed) == len(steps) - warmup - len(sampled)
-    assert summary["throughput"] == pytest.approx(statistics.median(s["images"] / s["seconds"] for s in timed))
-    model = summary["phases"]
-    assert (model["every"], model["sampled_steps"], model["order"]) == (10, len(sampled), order)
-    assert model["fused"] == [name for name in order if "+" in name] and model["fused"]
-    for name in order:
-        assert model["median"][name] == pytest.approx(statistics.median(r["phases"][name] for r in records))
-    assert model["unsampled_step_seconds_median"] == pytest.approx(statistics.median(s["seconds"] for s in timed))
-    assert summary["gradient_bytes"] == only(events, "model")["parameters"] * 4
-    return records
 
 
 CONFIG = ('dict(threads=2, interop_threads="unset", onednn=True, device="cpu", conv_algo="heuristic", seed=0, '

@@ -5,7 +5,6 @@ switches that reach the cell, and what is refused at plan time."""
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import textwrap
 from pathlib import Path
@@ -18,7 +17,7 @@ from matrun.runner.executors.local import cell_environment
 from matrun.runner.harness import models
 from matrun.runner.harness.adapters import mxnet as mxnet_gluon
 from matrun.runner.planning.matrix import parse_matrix
-from test_harness import EVENT_KEYS, ZOO_PARITY, events_of, only, run_harness, write_spec
+from test_harness import EVENT_KEYS, ZOO_PARITY, check_phases, events_of, only, run_harness, write_spec
 from test_local_executor import run_cell
 from test_workers import TWO_CPUS, check_two_workers, params as worker_params, run_local
 
@@ -29,40 +28,6 @@ ZOO = [zoo[:3] for zoo in ZOO_PARITY]
 def plan(**fixed: Any) -> dict[str, Any]:
     (cell,) = parse_matrix({"fixed": {"framework": "mxnet", "phase_sampling": 10, **fixed}}, path=Path("matrix.toml")).cells
     return dict(cell.values)
-
-
-def check_phases(events: list[dict[str, Any]], order: list[str], *, warmup: int, every: int = 10,
-                 aggregate: bool = False) -> list[int]:
-    """The sampled steps of one process's events: every ``every``-th timed step, one phases
-    record each with ``order``'s phases (all > 0, their sum within the step), the summary's
-    ``phases`` computed from them, the throughput and ``timed_steps`` over the other timed
-    steps (``aggregate``: a multi-worker rank 0, whose throughput is the cell's); returns the
-    sampled step numbers."""
-    steps = [e for e in events if e["type"] == "step"]
-    assert [s["step"] for s in steps] == list(range(len(steps)))
-    expected = [i for i in range(warmup, len(steps)) if (i - warmup) % every == every - 1]
-    assert expected, "the run is too short to sample a step"
-    assert [s["step"] for s in steps if s["phase"] == "sampled"] == expected
-    assert [s["phase"] for s in steps[:warmup]] == ["warmup"] * warmup
-    records = [e for e in events if e["type"] == "phases"]
-    assert [r["step"] for r in records] == expected
-    for record in records:
-        assert list(record["phases"]) == order
-        assert all(v > 0 for v in record["phases"].values()), record
-        assert record["seconds"] == steps[record["step"]]["seconds"] >= sum(record["phases"].values())
-    summary = only(events, "summary")
-    timed = [s for s in steps if s["phase"] == "timed"]
-    assert summary["timed_steps"] == len(timed) == len(steps) - warmup - len(expected)
-    if not aggregate:
-        assert summary["throughput"] == pytest.approx(statistics.median(s["images"] / s["seconds"] for s in timed))
-    model = summary["phases"]
-    assert (model["every"], model["sampled_steps"], model["order"]) == (every, len(expected), order)
-    assert model["fused"] == [name for name in order if "+" in name]
-    for name in order:
-        assert model["median"][name] == pytest.approx(statistics.median(r["phases"][name] for r in records))
-    assert model["unsampled_step_seconds_median"] == pytest.approx(statistics.median(s["seconds"] for s in timed))
-    assert summary["gradient_bytes"] == only(events, "model")["parameters"] * 4  # float32 gradients
-    return expected
 
 
 # --- in the MXNet environment ----------------------------------------------------------
@@ -111,7 +76,7 @@ def test_harness_run_writes_every_event_type(tmp_path, mxnet_env, stage):
     assert [s["phase"] for s in steps[:6]] == ["warmup"] * 5 + ["timed"]
     assert all(s["seconds"] > 0 for s in steps)
     # every 10th timed step is sampled (BASE_PARAMS' phase_sampling): preloaded batches, one context
-    assert check_phases(events, ["forward", "backward", "update"], warmup=5) == [14, 24]
+    assert [r["step"] for r in check_phases(events, ["forward", "backward", "update"])] == [14, 24]
     summary = only(events, "summary")
     assert (summary["warmup_steps"], summary["timed_steps"]) == (5, 25)
     assert summary["gradient_bytes"] == 61_706 * 4
@@ -138,7 +103,7 @@ def test_loader_steps_sample_the_fetch_as_input(tmp_path, mxnet_env, stage):
     proc = run_harness(mxnet_env.python, stage, spec, threads=1)
     assert proc.returncode == 0, proc.stderr
     events = events_of(spec.parent)
-    assert check_phases(events, ["input", "forward", "backward", "update"], warmup=2, every=3) == [4, 7]
+    assert [r["step"] for r in check_phases(events, ["input", "forward", "backward", "update"], every=3)] == [4, 7]
     summary = only(events, "summary")
     assert summary["input_pipeline"]["kind"] == "loader" and summary["input_pipeline"]["workers_seen"] == 1
     assert "exchange" not in summary  # one process: no kvstore exchange, no calibration
@@ -171,8 +136,8 @@ def test_parameter_server_cell_samples_phases_and_calibrates(tmp_path, mxnet_env
     assert roles == ["scheduler-0", "server-0", "worker-1"]
     order = ["forward", "backward", "exchange+update"]  # trainer.step: push, the server's update, pull
     # 12 steps, 2 of warm-up: timed steps 4 and 9 sampled, on every worker
-    assert check_phases(events_of(run_dir), order, warmup=2, every=5, aggregate=True) == [6, 11]
-    assert check_phases(events_of(run_dir / "workers" / "worker-1"), order, warmup=2, every=5) == [6, 11]
+    assert [r["step"] for r in check_phases(events_of(run_dir), order, every=5, check_throughput=False)] == [6, 11]
+    assert [r["step"] for r in check_phases(events_of(run_dir / "workers" / "worker-1"), order, every=5)] == [6, 11]
     exchange = only(events_of(run_dir), "summary")["exchange"]
     assert exchange["kvstore"] == kvstore and exchange["seconds_median"] > 0
     calibrated = exchange["calibration"]

@@ -12,7 +12,6 @@ import math
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import textwrap
 import uuid
@@ -27,7 +26,7 @@ from matrun.runner.executors.local import cell_environment
 from matrun.runner.harness import models
 from matrun.runner.harness.adapters import theano as theano_adapter
 from matrun.runner.planning.matrix import parse_matrix
-from test_harness import EVENT_KEYS, ZOO_PARITY, events_of, only, write_spec
+from test_harness import EVENT_KEYS, ZOO_PARITY, check_phases, events_of, only, write_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 TH = {"framework": "theano", "env_id": "theano-cpu-test", "onednn": None}  # nulled for Theano, as the host does
@@ -65,35 +64,6 @@ def in_theano(theano_env: Any, stage: Path, script: str) -> Any:
 
 CONFIG = "dict(threads=1, seed=0)"
 STEP = "forward+backward+update"  # Theano's training step: one compiled function
-
-
-def check_phases(events: list[dict[str, Any]], order: list[str], sampled: list[int]) -> list[dict[str, Any]]:
-    """The sampled steps (phase_sampling = 10 in these tests; the default is 20) are exactly
-    ``sampled``, each with one ``phases`` record of the names ``order``, all > 0 and within
-    its step's seconds; the summary's ``phases`` and ``timed_steps`` leave them out of the
-    throughput.  Returns the phase records."""
-    steps = [e for e in events if e["type"] == "step"]
-    summary = only(events, "summary")
-    warmup = summary["warmup_steps"]
-    assert [s["step"] for s in steps if s["phase"] == "sampled"] == sampled
-    assert [s["step"] - warmup for s in steps if s["phase"] == "sampled"] == [
-        k for k in range(len(steps) - warmup) if k % 10 == 9]  # every 10th timed step
-    records = [e for e in events if e["type"] == "phases"]
-    assert [r["step"] for r in records] == sampled
-    seconds = {s["step"]: s["seconds"] for s in steps}
-    for record in records:
-        assert list(record["phases"]) == order and all(v > 0 for v in record["phases"].values())
-        assert record["seconds"] == seconds[record["step"]] >= sum(record["phases"].values())
-    timed = [s for s in steps if s["phase"] == "timed"]
-    assert summary["timed_steps"] == len(timed) == len(steps) - warmup - len(sampled)
-    assert summary["throughput"] == pytest.approx(statistics.median(s["images"] / s["seconds"] for s in timed))
-    model = summary["phases"]
-    assert (model["every"], model["sampled_steps"], model["order"]) == (10, len(sampled), order)
-    assert model["fused"] == [STEP]  # never split by guesswork
-    for name in order:
-        assert model["median"][name] == pytest.approx(statistics.median(r["phases"][name] for r in records))
-    assert model["unsampled_step_seconds_median"] == pytest.approx(statistics.median(s["seconds"] for s in timed))
-    return records
 
 
 @pytest.fixture(scope="session")
@@ -255,7 +225,7 @@ def test_harness_run_writes_every_event_type(tmp_path, theano_env, stage):
     steps = [e for e in events if e["type"] == "step"]
     assert len(steps) == 2 * 16 and all(s["seconds"] > 0 for s in steps)
     # preloaded slices: the compiled step is the only phase, forward, backward and update fused
-    check_phases(events, [STEP], sampled=[5 + 9, 5 + 19])
+    check_phases(events, [STEP], sampled=[5 + 9, 5 + 19], gradient_element_bytes=None)
     layers = [e for e in events if e["type"] == "layer"]
     assert [e["name"] for e in layers] == [layer[1] for layer in models.LENET5]
     assert all(e["forward_seconds"] > 0 and e["backward_seconds"] > 0 for e in layers)
@@ -353,7 +323,7 @@ def test_the_training_knobs(tmp_path, theano_env, stage):
     assert pipeline["kind"] == "loader" and pipeline["workers"] == 2 and pipeline["workers_seen"] == 2
     assert pipeline["batches"] == 2 * 12 and pipeline["batches_in_process"] == 0
     # the loader's fetch is inside the step's clock: its own phase, before the compiled step
-    check_phases(events, ["input", STEP], sampled=[5 + 9])
+    check_phases(events, ["input", STEP], sampled=[5 + 9], gradient_element_bytes=None)
 
 
 @pytest.mark.slow
