@@ -5,8 +5,8 @@ Rules (docs/ARCHITECTURE.md "Layers"):
 - no import cycles between modules (imports inside functions and under TYPE_CHECKING count);
 - the harness (``matrun.runner.harness``) imports nothing of matrun outside itself: it runs in
   images that have nothing but the standard library and the framework;
-- each layer imports only the layers below it (``ALLOWED``): the harness and
-  ``matrun.errors`` at the bottom, the framework registry (``matrun.frameworks``), the
+- each layer imports only the layers below it (``ALLOWED``): the harness, ``matrun.errors``
+  and ``matrun.tomltext`` (the TOML reader, standard library only) at the bottom, the framework registry (``matrun.frameworks``), the
   warehouse, the reports, the host side of the runner, and the CLI on top;
 - no module imports another module's ``_private`` names.
 
@@ -28,12 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # most specific first).  Every module may import its own package's modules.
 ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("matrun.errors", ()),
-    ("matrun.frameworks", ("matrun.errors", "matrun.runner.harness")),
+    ("matrun.tomltext", ()),
+    ("matrun.frameworks", ("matrun.errors", "matrun.tomltext", "matrun.runner.harness")),
     ("matrun.runner.harness", ("matrun.runner.harness",)),
-    ("matrun.warehouse", ("matrun.errors", "matrun.frameworks", "matrun.warehouse", "matrun.runner.harness")),
+    ("matrun.warehouse", ("matrun.errors", "matrun.tomltext", "matrun.frameworks", "matrun.warehouse",
+                          "matrun.runner.harness")),
     ("matrun.reports", ("matrun.errors", "matrun.frameworks", "matrun.reports", "matrun.warehouse")),
     ("matrun.runner.cli", ("matrun",)),
-    ("matrun.runner", ("matrun.errors", "matrun.frameworks", "matrun.warehouse", "matrun.runner")),
+    ("matrun.runner", ("matrun.errors", "matrun.tomltext", "matrun.frameworks", "matrun.warehouse",
+                       "matrun.runner")),
     ("matrun.images", ()),
     ("matrun", ("matrun.errors",)),
 ]

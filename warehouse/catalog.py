@@ -35,7 +35,6 @@ import shutil
 import socket
 import sqlite3
 import time
-import tomllib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,6 +44,7 @@ from urllib.parse import parse_qsl, urlsplit
 import duckdb
 
 from matrun.errors import InputError, WarehouseError
+from matrun.tomltext import TomlError, loads as toml_loads
 
 CATALOG = "catalog.sqlite"
 DATA = "data"
@@ -75,8 +75,10 @@ def layout(path: Path) -> Layout:
     if not config.is_file():
         return Layout(path, f"sqlite:{path / CATALOG}", path / DATA, local=True)
     try:
-        doc = tomllib.loads(config.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        doc = toml_loads(config.read_text(encoding="utf-8"))
+    except TomlError as exc:
+        raise InputError(f"{config}: invalid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{config}: cannot be read: {exc}") from None
     section = doc.get("catalog")
     if not isinstance(section, dict) or set(section) - {"postgres", "data"}:
@@ -375,7 +377,7 @@ def config_text(conninfo: str, data: Path) -> str:
             f"[catalog]\n"
             f"postgres = {json.dumps(conninfo, ensure_ascii=False)}\n"
             f"data = {json.dumps(str(data) + os.sep, ensure_ascii=False)}\n")
-    tomllib.loads(text)  # what layout() reads back
+    toml_loads(text)  # what layout() reads back
     return text
 
 

@@ -17,7 +17,6 @@ import itertools
 import math
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -31,6 +30,7 @@ from matrun.runner.harness.spec import (
 from matrun.runner.planning.params import PARAMS, ParamError, plain, show
 from matrun.runner.planning.presets import apply_preset
 from matrun.runner.slurm.settings import SlurmSettings, parse_slurm_section
+from matrun.tomltext import TomlError, TomlTooDeep, loads as toml_loads
 from matrun.warehouse.findings import StudyDecl, parse_study
 
 SECTIONS = ("sweep", "fixed", "axes", "zip", "include", "exclude", "slurm", "profiles", "study", "findings", "paper")
@@ -180,12 +180,12 @@ def load_matrix(path: Path, profile: str | None = None) -> Matrix:
         raise MatrixError(f"{shown}: cannot read: {printable(str(exc), 200)}") from None
     name = printable(path.name, 200)
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise MatrixError(f"{name}: invalid TOML: {printable(str(exc))}") from None
-    except RecursionError:  # tomllib recurses once per level of nested arrays / inline tables
+        doc = toml_loads(text)  # an unclosed value at the end is named by where it opened
+    except TomlTooDeep:
         raise MatrixError(f"{name}: invalid TOML: arrays or inline tables nested more than "
                           f"{MAX_NESTING} deep") from None
+    except TomlError as exc:
+        raise MatrixError(f"{name}: invalid TOML: {printable(str(exc))}") from None
     return parse_matrix(doc, path=path.resolve(), profile=profile)
 
 

@@ -22,7 +22,6 @@ import functools
 import json
 import re
 import string
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 from matrun.errors import InputError
 from matrun.runner.harness.spec import PRESETS
+from matrun.tomltext import TomlError, loads as toml_loads
 
 
 @dataclass(frozen=True)
@@ -311,8 +311,8 @@ _VARIANT_KEYS = ("dockerfile", "requirements", "build_args", "base_image", "devi
 
 def _load(text: str, where: str) -> dict[str, Any]:
     try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        return toml_loads(text)
+    except TomlError as exc:
         raise InputError(f"{where}: not valid TOML: {exc}") from None
 
 
