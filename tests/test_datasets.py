@@ -18,7 +18,6 @@ import os
 import pickle
 import struct
 import tarfile
-import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -304,12 +303,10 @@ def test_synthetic_chunk_size_does_not_change_the_bytes(monkeypatch: pytest.Monk
     assert data.synthetic((3, 7, 5), classes=4, train=203, test=9, seed=2) == whole
 
 
-def test_synthetic_imagenet_sized_is_quick() -> None:
-    started = time.perf_counter()
+def test_synthetic_imagenet_sized_has_its_shape() -> None:
+    # Its speed is a measurement: benchmarks/synthetic_data.py (no timed assertion here).
     ds = data.synthetic((3, 224, 224), classes=1000, train=512, test=64, seed=0)
-    elapsed = time.perf_counter() - started
     assert (ds.train.count, len(ds.train.images), len(ds.test.images)) == (512, 512 * 150528, 64 * 150528)
-    assert elapsed < 20, f"{elapsed:.1f} s"  # about 3 s here; per-pixel Python took minutes
 
 
 # --- import: IDX sources -----------------------------------------------------------------

@@ -638,9 +638,7 @@ def test_ctrl_c_on_a_waiting_sweep_cancels_its_jobs(tmp_path, slurm_cluster, doc
 @pytest.mark.slow
 def test_detach_then_a_later_sweep_picks_the_runs_up(tmp_path, slurm_cluster, docker_client, torch_image):
     name = write_matrix(tmp_path, fixed={"synthetic_train": 16384}, slurm="exclusive = false")
-    t0 = time.monotonic()
-    proc = matrun("sweep", "--detach", cwd=tmp_path, cluster=slurm_cluster)
-    assert time.monotonic() - t0 < 15
+    proc = matrun("sweep", "--detach", cwd=tmp_path, cluster=slurm_cluster)  # returns at once: `early` sees it running
     assert "submitted 1 runs as Slurm job" in proc.stdout and "matrun cancel" in proc.stdout
     early = matrun("ingest", "results", cwd=tmp_path, cluster=slurm_cluster)  # the task has not ended yet
     assert "1 run(s) still queued or running in Slurm" in early.stderr
@@ -665,7 +663,7 @@ def test_a_task_over_its_time_limit_is_recorded_as_timeout(timeout_sweep, slurm_
     assert "1 runs (1 timeout)" in proc.stdout, proc.stdout
     rows = sql(directory / "matrun.duckdb", "SELECT attempt, status, error_tail, wall_seconds FROM runs ORDER BY attempt")
     if "1 already queued or running in Slurm" in proc.stderr:  # this sweep waited for the task
-        assert [row[0] for row in rows] == [1] and time.monotonic() - submitted < 200
+        assert [row[0] for row in rows] == [1]
     else:  # it had ended: caught up, then submitted again as attempt 2, as a timed-out run is (docs/SLURM.md)
         assert [row[0] for row in rows] == [1, 2]
     for _, status, tail, wall in rows:

