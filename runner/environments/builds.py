@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from matrun.errors import EnvironmentBuildError, InputError
 from matrun.runner.environments.contexts import (LABEL, BuildContext, default_base_image, prepare_context,
                                                  variant_of)
+from matrun.runner.environments.engine import build_lock
 from matrun.runner.environments.probes import ImageProbe, broken_promises, probe_image, variant_promises
 from matrun.runner.planning.preflight import host_gpus
 
@@ -173,13 +174,18 @@ def build_images(images: Iterable[tuple[str, str]], *, client: "docker.DockerCli
             if image_id is not None:
                 report(BuildEvent(framework, variant, "cached", ctx.tag))
             else:
-                started = time.perf_counter()
-                try:
-                    image_id = build_image(client, ctx, progress=report)
-                finally:
-                    remove_build_stages(client)
-                seconds = time.perf_counter() - started
-                report(BuildEvent(framework, variant, "built", f"{ctx.tag} in {seconds:.0f} s"))
+                with build_lock(client):  # builds on one engine take turns (engine.build_lock)
+                    image_id = None if force else _existing_image(client, ctx.tag)
+                    if image_id is not None:  # another process built it while this one waited
+                        report(BuildEvent(framework, variant, "cached", ctx.tag))
+                    else:
+                        started = time.perf_counter()
+                        try:
+                            image_id = build_image(client, ctx, progress=report)
+                        finally:
+                            remove_build_stages(client)
+                        seconds = time.perf_counter() - started
+                        report(BuildEvent(framework, variant, "built", f"{ctx.tag} in {seconds:.0f} s"))
         found = None
         gpu_variant = variant_of(framework, variant, images_dir).device == "gpu"
         if probe and gpu_variant and not host_gpus():

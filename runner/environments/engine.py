@@ -17,6 +17,8 @@ Safety rules (docs/HANDOFF-issue4-build.md, DESIGN.md "Facts about these machine
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import ipaddress
 import os
 import shutil
@@ -24,9 +26,10 @@ import signal
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 from urllib.parse import urlparse
 
 from matrun.errors import EnvironmentBuildError, InputError
@@ -211,6 +214,32 @@ def _is_dockerd(pid: int) -> bool:
     return comm == "dockerd" and state != "Z"
 
 
+@contextmanager
+def build_lock(client: "docker.DockerClient") -> Iterator[None]:
+    """Hold the build lock of the engine ``client`` talks to, for the block.
+
+    Builds on one engine take turns, whoever starts them (two `matrun build`, a sweep that
+    builds, parallel test workers): a build prunes the untagged build stages it leaves
+    (``builds.remove_build_stages``), which would remove another build's stage before its
+    ``COPY --from``; and an image missing when two processes looked is built once, by the
+    first, the second finding it (the check is made again under the lock).  The lock is a
+    ``flock`` on a file in the temporary directory named by the engine's address, so every
+    user of that engine on this host shares it; it is released when the process dies.
+    """
+    address = str(getattr(getattr(client, "api", None), "base_url", "") or "")
+    digest = hashlib.sha256(address.encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"matrun-build-{digest}.lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except PermissionError:  # made by another user: a read-only descriptor locks as well
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def ensure_base_image(client: "docker.DockerClient", name: str = BASE_IMAGE, *,
                       suite: str = DEBIAN_SUITE, mirror: str = DEBIAN_MIRROR,
                       workdir: Path | None = None) -> tuple[str, float | None]:
@@ -224,6 +253,16 @@ def ensure_base_image(client: "docker.DockerClient", name: str = BASE_IMAGE, *,
         return client.images.get(name).id, None
     except docker.errors.ImageNotFound:
         pass
+    with build_lock(client):  # another process may be making it: made once, then found
+        try:
+            return client.images.get(name).id, None
+        except docker.errors.ImageNotFound:
+            pass
+        return _make_base_image(client, name, suite=suite, mirror=mirror, workdir=workdir)
+
+
+def _make_base_image(client: "docker.DockerClient", name: str, *, suite: str, mirror: str,
+                     workdir: Path | None) -> tuple[str, float]:
     debootstrap = shutil.which("debootstrap")
     if debootstrap is None:
         raise EnvironmentBuildError(
