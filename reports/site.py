@@ -552,7 +552,7 @@ def _catalogue_page(ctx: Context, info: sp.StudyInfo) -> PageBody:
     anchors = [("verdicts", "Verdicts")]
     findings = sp.study_findings(catalogue.findings, info.id)
     if not findings.is_empty():
-        verdicts: Any = sp.verdict_table(findings, ctx.levels, csv_href=info.csv("findings.csv"))
+        verdicts: Any = sp.verdict_table(findings, csv_href=info.csv("findings.csv"))
         csv[info.csv("findings.csv")] = sp.findings_csv(findings)
     else:
         declared = sp.declared_findings(catalogue.findings_declared, info.id)
@@ -660,8 +660,7 @@ def _index_body(ctx: Context, present: list[tuple[PageSpec, PageBody]], labels: 
             "view judges it here: 'reproduced' (green) and 'contradicted' (red) only when the "
             "Mann–Whitney test finds the difference significant (p < 0.05). Each study's page "
             "has the numbers, the paper's own table beside this host's, and its figures.",
-            sp.index_verdict_table(studies, report.catalogue.findings, ctx.levels,
-                                   csv_href=STUDY_FINDINGS_CSV)))
+            sp.index_verdict_table(studies, report.catalogue.findings, csv_href=STUDY_FINDINGS_CSV)))
     parts.append(sections.summary_cards(runs, report.baseline))
     hosts = hosts_summary(report.provenance) if not report.provenance.is_empty() else None
     if hosts is not None and hosts.height > 1:

@@ -198,55 +198,22 @@ def _p_value(value: Any) -> Html:
     return num("–" if is_missing(value) else f"{value:.3g}")
 
 
-def _params(levels: Mapping[str, Mapping[str, Any]], cell_id: Any) -> dict[str, Any]:
-    text = levels.get(cell_id, {}).get("params") if cell_id is not None else None
-    if isinstance(text, str):
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return {}
-        return value if isinstance(value, dict) else {}
-    return dict(text) if isinstance(text, Mapping) else {}
+def config_label(row: Mapping[str, Any]) -> str:
+    """A findings row's configuration in words: the view's ``config_label`` (framework · model ·
+    dataset, then what differs between the study's configurations; docs/WAREHOUSE.md), or "no
+    runs yet" for a finding without a configuration."""
+    return str(row.get("config_label") or "no runs yet")
 
 
-def config_labels(rows: Sequence[Mapping[str, Any]],
-                  levels: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Per findings row, a label of its configuration: the parameters that differ between
-    the configurations of the rows, less the ones the finding compares (those that differ
-    between its cell and its reference cell, and its ``x``); framework · model · dataset when
-    nothing else differs."""
-    shown: list[dict[str, Any]] = []
-    for r in rows:
-        params = _params(levels, r.get("cell_id"))
-        ref = _params(levels, r.get("ref_cell_id"))
-        base = params or {k: r.get(k) for k in ("framework", "model", "dataset", "device")}
-        compared = {k for k in set(params) | set(ref) if params.get(k) != ref.get(k)} if ref else set()
-        if r.get("x"):
-            compared.add(str(r["x"]))
-        shown.append({k: v for k, v in base.items() if k not in compared and k != "seed"})
-    keys = list(dict.fromkeys(k for p in shown for k in p))
-    lead = ("framework", "model", "dataset")
-    varying = [k for k in keys if k not in lead and len({_json(p.get(k)) for p in shown}) > 1]
-    out = []
-    for r, p, parts in zip(rows, shown, label_parts(shown, varying)):
-        if r.get("config") is None and r.get("cell_id") is None:
-            out.append("no runs yet")
-            continue
-        out.append(" · ".join([*(str(p[k]) for k in lead if p.get(k) is not None), *parts]) or "–")
-    return out
-
-
-def verdict_table(rows: pl.DataFrame, levels: Mapping[str, Mapping[str, Any]], *,
-                  csv_href: str, table_id: str = "verdicts-table") -> Html:
+def verdict_table(rows: pl.DataFrame, *, csv_href: str, table_id: str = "verdicts-table") -> Html:
     """A study's findings, one row per (finding, configuration): the claim and its citation,
     the verdict, the numbers behind it (observed, expected), the test and its p-value."""
     dicts = rows.to_dicts()
-    labels = config_labels(dicts, levels)
     body = []
-    for r, label in zip(dicts, labels):
+    for r in dicts:
         runs = None if r.get("n") is None else f"{fmt(r.get('n'))} vs {fmt(r.get('ref_n'))}"
         body.append([
-            tag("code", r.get("finding")), r.get("claim"), r.get("cite"), label,
+            tag("code", r.get("finding")), r.get("claim"), r.get("cite"), config_label(r),
             finding_badge(r.get("verdict")), r.get("observed"), r.get("expected"),
             _p_value(r.get("p_value")), r.get("test"), num(runs or "–"),
         ])
@@ -271,8 +238,7 @@ def declared_table(rows: pl.DataFrame) -> Html:
                             id="verdicts-table"), class_="scroll")
 
 
-def index_verdict_table(studies: Sequence[StudyInfo], findings: pl.DataFrame,
-                        levels: Mapping[str, Mapping[str, Any]], *, csv_href: str) -> Html:
+def index_verdict_table(studies: Sequence[StudyInfo], findings: pl.DataFrame, *, csv_href: str) -> Html:
     """The index's table: every finding of every study present, linked to its study's page."""
     body: list[list[Any]] = []
     classes: list[str | None] = []
@@ -284,9 +250,9 @@ def index_verdict_table(studies: Sequence[StudyInfo], findings: pl.DataFrame,
                                    class_="sub"), "–", finding_badge(None), "–"])
             classes.append(None)
             continue
-        for r, label in zip(rows, config_labels(rows, levels)):
+        for r in rows:
             body.append([link, join([tag("code", r.get("finding")), tag("span", r.get("claim"), class_="sub")]),
-                         label, finding_badge(r.get("verdict")), r.get("observed")])
+                         config_label(r), finding_badge(r.get("verdict")), r.get("observed")])
             classes.append(_verdict_class(r.get("verdict")))
     head = tag("div", join([tag("h3", "Verdicts per study, finding and configuration"),
                             download_link(csv_href)]), class_="table-head")

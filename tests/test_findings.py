@@ -16,9 +16,12 @@ The fixture hosts report 2 CPUs (bundle_factory).
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,6 +30,7 @@ import pytest
 from bundle_factory import make_bundle
 from matrun.errors import InputError, WarehouseError
 from matrun.warehouse.db import migrations, open_warehouse
+from matrun.warehouse.export import export_warehouse
 from matrun.warehouse.findings import (
     BASE_PROFILE,
     CHECKS,
@@ -38,7 +42,7 @@ from matrun.warehouse.findings import (
 from matrun.warehouse.ingest import ingest
 from matrun.warehouse.query import run_query
 
-COLUMNS = ("study, title, finding, claim, cite, check_kind, config, framework, model, dataset, "
+COLUMNS = ("study, title, finding, claim, cite, check_kind, config, config_label, framework, model, dataset, "
            "device, x, verdict, observed, effect, expected, p_value, test, n, ref_n, cell_id, "
            "ref_cell_id, position")
 VERDICTS = {"reproduced", "contradicted", "not significant", "not enough data"}
@@ -411,6 +415,64 @@ def test_a_study_without_runs_has_one_row_per_finding(warehouse: Path) -> None:
     assert row["verdict"] == "not enough data" and row["observed"] == "no ok runs of this study's cells yet"
     assert all(row[k] is None for k in ("config", "framework", "cell_id", "ref_cell_id", "p_value", "effect"))
     assert (row["title"], row["claim"], row["cite"], row["x"]) == ("study E-empty", "c", "Fig 1", None)
+
+
+def test_config_label_names_each_configuration_by_what_differs_within_its_study(warehouse: Path) -> None:
+    labels = {(r["study"], r["finding"], r["cell_id"]): r["config_label"]
+              for r in query(warehouse, "SELECT * FROM findings")}
+    # only the dataset tells A7's configurations apart; epochs, the finding's x, is never named
+    assert labels[("A7", "time-proportional", "prop-mnist-e4")] == "torch · lenet5 · mnist"
+    assert labels[("A6", "oversubscription", "over-big-t2")] == "torch · alexnet · fashion-mnist"
+    # lr is compared along with batch_size by one finding, and tells two configurations of the other apart
+    assert labels[("A9-along", "with-along", "along-b512")] == "torch · lenet5 · fashion-mnist"
+    assert labels[("A9-along", "without-along", "along-b512")] == "torch · lenet5 · fashion-mnist · lr=0.05"
+    assert labels[("A9-along", "without-along", "along-b64")] == "torch · lenet5 · fashion-mnist · lr=0.01"
+    # no configuration, no label; the digest stays the key
+    assert labels[("E-empty", "conv", None)] is None and labels[("A9-along", "where-gpu", None)] is None
+    rows = query(warehouse, "SELECT config, config_label FROM findings WHERE config IS NOT NULL")
+    assert all(len(r["config"]) == 12 and r["config_label"] for r in rows)
+
+
+def test_the_label_travels_with_the_digest_into_csv_and_json_exports(warehouse: Path, tmp_path: Path) -> None:
+    view = {(r["study"], r["finding"], r["config"]): r["config_label"] for r in query(warehouse, "SELECT * FROM findings")}
+    export_warehouse(tmp_path / "out", warehouse=warehouse, tables=["findings"], fmt="csv")
+    with open(tmp_path / "out" / "findings.csv", encoding="utf-8", newline="") as fh:
+        exported = list(csv.DictReader(fh))
+    assert list(exported[0])[6:8] == ["config", "config_label"]
+    assert {(r["study"], r["finding"], r["config"] or None): r["config_label"] or None for r in exported} == view
+    shown = subprocess.run([str(Path(sys.executable).with_name("matrun")), "query", "--warehouse", str(warehouse),
+                            "--format", "json", "SELECT study, finding, config, config_label FROM findings"],
+                           capture_output=True, text=True, check=True).stdout
+    assert {(r["study"], r["finding"], r["config"]): r["config_label"] for r in json.loads(shown)} == view
+
+
+LABELLED = {  # configurations of one cell each, told apart by up to five parameters
+    "base": {}, "t2": {"threads": 2}, "eigen": {"onednn": False}, "nhwc": {"layout": "nhwc"},
+    "e3": {"epochs": 3}, "lr": {"lr": 0.05},
+}
+
+
+def test_config_label_lists_few_differences_and_only_the_uncommon_values_of_many(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for cell, params in LABELLED.items():
+        _cell(results, cell, {"dataset": "mnist", **params}, accuracy=[.9, .91])
+    path = tmp_path / "w.duckdb"
+    ingest([results], warehouse=path)
+    finding = [{"id": "f", "claim": "c", "cite": "T1", "check": "trend", "x": "batch_size",
+                "metric": "accuracy", "expect": "decreases"}]
+    with open_warehouse(path) as wh:
+        register_study(wh.con, _study("few", finding), profile=None, matrix="few.toml", cell_ids=["base", "t2", "eigen"])
+        register_study(wh.con, _study("many", finding), profile=None, matrix="many.toml", cell_ids=list(LABELLED))
+    labels = {(r["study"], r["cell_id"]): r["config_label"] for r in query(path, "SELECT * FROM findings")}
+    # two parameters differ: both named in every label, in key order, booleans as on / off
+    assert labels[("few", "base")] == "torch · lenet5 · mnist · onednn=on · threads=1"
+    assert labels[("few", "t2")] == "torch · lenet5 · mnist · onednn=on · threads=2"
+    assert labels[("few", "eigen")] == "torch · lenet5 · mnist · onednn=off · threads=1"
+    # five differ: a label names only what is not the study's most common value
+    assert {cell: labels[("many", cell)] for cell in LABELLED} == {
+        "base": "torch · lenet5 · mnist", "t2": "torch · lenet5 · mnist · threads=2",
+        "eigen": "torch · lenet5 · mnist · onednn=off", "nhwc": "torch · lenet5 · mnist · layout=nhwc",
+        "e3": "torch · lenet5 · mnist · epochs=3", "lr": "torch · lenet5 · mnist · lr=0.05"}
 
 
 def test_number_formats(warehouse: Path) -> None:

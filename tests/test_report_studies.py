@@ -208,7 +208,8 @@ def test_the_study_page_opens_with_its_verdicts(site: Path, warehouse: Path) -> 
         assert main_text(cells["p-value"]) == f"{expect['p_value']:.3g}"
         assert cells["test"].text() == expect["test"]
         assert main_text(cells["runs"]) == f"{expect['n']} vs {expect['ref_n']}"
-        assert cells["configuration"].text() == "torch · lenet5 · fashion-mnist"
+        # the view's label, one source of truth for the page, the CSV files and any query
+        assert cells["configuration"].text() == expect["config_label"] == "torch · lenet5 · fashion-mnist"
     assert badges(got["oversubscription"]["verdict"]) == [("reproduced", "flag sig")]
     assert badges(got["slower-with-threads"]["verdict"]) == [("contradicted", "flag bad")]
 
@@ -275,6 +276,7 @@ def test_csv_files_of_every_study_table(site: Path, warehouse: Path) -> None:
     view = [r for r in findings_rows(warehouse) if r["study"] == "A6"]
     assert [r["finding"] for r in findings] == [r["finding"] for r in view]
     assert findings[0]["verdict"] == "reproduced" and findings[0]["observed"] == view[0]["observed"]
+    assert [(r["config"], r["config_label"]) for r in findings] == [(r["config"], r["config_label"]) for r in view]
     paper = read_csv(site / "study-A6-paper.csv")
     assert [r["ratio"] for r in paper] == ["1.0", "0.6", "0.4", "0.8"]
     shapes = read_csv(site / "study-A6-shapes.csv")
@@ -287,7 +289,7 @@ def test_csv_files_of_every_study_table(site: Path, warehouse: Path) -> None:
     assert {r["study"] for r in index} == {"A6", "B7-evil"}  # not C1: it has no page
 
 
-def test_the_index_opens_with_the_verdict_table_of_every_study(site: Path) -> None:
+def test_the_index_opens_with_the_verdict_table_of_every_study(site: Path, warehouse: Path) -> None:
     dom = parse(site / "index.html")
     first = next(c for c in dom.find("main").children if isinstance(c, Node))
     assert first.tag == "section" and first.attrs.get("id") == "studies"
@@ -302,6 +304,9 @@ def test_the_index_opens_with_the_verdict_table_of_every_study(site: Path) -> No
     ]
     assert rows[0][0].text() == "A6 BLAS thread count"
     assert rows[0][4].text() and "img/s" in rows[0][4].text()
+    labels = {(r["study"], r["finding"]): r["config_label"] for r in findings_rows(warehouse)}
+    assert [r[2].text() for r in rows] == [labels[("A6", "oversubscription")], labels[("A6", "slower-with-threads")],
+                                           labels[("B7-evil", "evil")]]
     assert dom.find("div", **{"class": "cards"})  # what the index showed before follows
 
 

@@ -223,6 +223,11 @@ CREATE OR REPLACE MACRO fmt_x(x, v) AS
          THEN v || ' ' || CASE WHEN TRY_CAST(v AS DOUBLE) = 1 THEN left(x, length(x) - 1) ELSE x END
          ELSE x || '=' || v END;
 
+-- A cell parameter's entry (params_entries) as a label names it: key=value, booleans on / off
+-- (the `findings` view's config_label).
+CREATE OR REPLACE MACRO fmt_param(e) AS
+    e.k || '=' || CASE e.kv WHEN e.k || '=true' THEN 'on' WHEN e.k || '=false' THEN 'off' ELSE e.v END;
+
 -- Whether a cell's parameters (e: its entries; p: JSON) have every value a finding's `where`
 -- table names (w, a JSON object, or NULL: every cell), compared as JSON text
 -- (docs/WAREHOUSE.md "Findings").

@@ -30,7 +30,8 @@
 --                    ok run with a layer profile (at least 3): reproduced; in none: contradicted
 --   sublinear        a = largest x > 0, b = smallest: a better and speedup / (x_a / x_b) < 1
 -- A finding with no row (its study has no ok runs yet, no layer profile, ...) gets one row
--- 'not enough data' with NULL config.  effect: r (proportional and sublinear: r over the x
+-- 'not enough data' with NULL config.  config_label names the configuration in words (below,
+-- `labels`): the report's "configuration" column, the same text in every export.  effect: r (proportional and sublinear: r over the x
 -- ratio, i.e. linearity and efficiency; spread: max(r, 1/r); bounded: the largest change, in
 -- percentage points for accuracy; largest_share: the kind's median share).
 WITH registered AS NOT MATERIALIZED (
@@ -339,10 +340,55 @@ all_rows AS (
     SELECT * FROM verdicts
     UNION ALL BY NAME
     SELECT * FROM fallback
+),
+-- config_label: a configuration in words, made within its study (whose rows are read together,
+-- as the report's table of verdicts): the row's cell's parameters less what the finding
+-- compares (x, along) and seed.  framework · model · dataset, then every other parameter whose
+-- value differs between the study's rows, as key=value in key order (fmt_param); when more than
+-- 4 differ, a row names one only where its value is not the study's most common one (none is
+-- common to rows that lack it), so a broad study reads 'torch · lenet5 · mnist · threads=8'.
+-- '–' when nothing is left to name; NULL for a row without a configuration.
+shown AS (
+    SELECT r.study, r.finding, r.config,
+        list_filter(c.entries, lambda x: x.k <> 'seed' AND x.k IS DISTINCT FROM f.xk
+                                         AND NOT list_contains(f.along, x.k)) AS params
+    FROM f
+    JOIN all_rows AS r USING (study, finding)
+    JOIN cs AS c ON c.cell_id = coalesce(r.cell_id, r.ref_cell_id)
+    WHERE r.config IS NOT NULL
+),
+shown_params AS (  -- each row's entry of every parameter its study's rows name (NULL: it has none)
+    SELECT s.study, s.finding, s.config, k.k, list_filter(s.params, lambda x: x.k = k.k)[1] AS p
+    FROM shown AS s
+    JOIN (SELECT DISTINCT study, unnest(list_transform(params, lambda x: x.k)) AS k FROM shown) AS k USING (study)
+    WHERE k.k NOT IN ('framework', 'model', 'dataset')
+),
+varying AS (  -- the parameters whose value differs between a study's rows, and its most common
+    SELECT study, k,
+        CASE WHEN count(*) FILTER (WHERE kv IS NULL) = 0
+             THEN arg_min(kv, struct_pack(n := -n, kv := kv)) END AS common,
+        count(*) OVER (PARTITION BY study) AS nvarying
+    FROM (SELECT study, k, p.kv AS kv, count(*) AS n FROM shown_params GROUP BY study, k, p.kv)
+    GROUP BY study, k
+    HAVING count(*) > 1
+),
+labels AS (
+    SELECT s.study, s.finding, s.config,
+        coalesce(nullif(concat_ws(' · ', entries_value(s.params, 'framework'), entries_value(s.params, 'model'),
+                                  entries_value(s.params, 'dataset'), p.parts), ''), '–') AS config_label
+    FROM shown AS s
+    LEFT JOIN (
+        SELECT sp.study, sp.finding, sp.config,
+            string_agg(fmt_param(sp.p), ' · ' ORDER BY sp.k)
+                FILTER (WHERE sp.p IS NOT NULL AND (v.nvarying <= 4 OR sp.p.kv IS DISTINCT FROM v.common)) AS parts
+        FROM shown_params AS sp
+        JOIN varying AS v USING (study, k)
+        GROUP BY sp.study, sp.finding, sp.config
+    ) AS p USING (study, finding, config)
 )
 SELECT
     f.study, f.title, f.finding, f.claim, f.cite, f.check_kind,
-    r.config, c.framework, c.model, c.dataset, c.device,
+    r.config, l.config_label, c.framework, c.model, c.dataset, c.device,
     f.xk AS x,
     r.verdict, r.observed, r.effect,
     CASE f.check_kind
@@ -372,5 +418,6 @@ SELECT
     r.p_value, r.test, r.n, r.ref_n, r.cell_id, r.ref_cell_id, f.position
 FROM f
 JOIN all_rows AS r USING (study, finding)
+LEFT JOIN labels AS l USING (study, finding, config)
 LEFT JOIN cs AS c ON c.cell_id = coalesce(r.cell_id, r.ref_cell_id)
 ORDER BY f.study, f.position, r.config NULLS LAST, r.cell_id
