@@ -16,6 +16,7 @@ import duckdb
 import pytest
 
 from bundle_factory import make_bundle
+from lake_client import client_env
 from matrun.errors import QueryError, WarehouseError, WarehouseLocked
 from matrun.warehouse import db, materialise
 from matrun.warehouse.db import VIEW_COMMENT_PREFIX, open_warehouse
@@ -169,7 +170,7 @@ _READER = """
 import sys
 import duckdb
 con = duckdb.connect()
-con.execute(open(sys.argv[1]).read())  # the warehouse's attach.sql, as a plain client would
+con.execute(open("attach.sql").read())  # the warehouse's, in its directory, as a plain client would
 con.execute("BEGIN TRANSACTION")
 print(con.execute("SELECT count(*) FROM runs").fetchone()[0], flush=True)
 sys.stdin.readline()
@@ -232,7 +233,7 @@ def test_a_plain_client_holding_a_snapshot_never_stops_an_ingest(tmp_path: Path)
     path = tmp_path / "w.duckdb"
     with open_warehouse(path):
         pass
-    reader = subprocess.Popen([sys.executable, "-c", _READER, str(path / "attach.sql")],
+    reader = subprocess.Popen([sys.executable, "-c", _READER], cwd=path, env=client_env(),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert reader.stdout is not None and reader.stdout.readline().strip() == "0"

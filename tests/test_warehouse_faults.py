@@ -186,10 +186,14 @@ def test_the_file_an_older_matrun_left_on_a_full_disk_is_recreated(
     filler.unlink()
 
     make_bundle(tmp_path / "results")
-    if first_command == "query":
+    if first_command == "query":  # a reader leaves it as it is, and says what replaces it
         res = matrun("query", "SELECT count(*) AS n FROM runs", "--format", "csv", "--warehouse", wh,
                      cwd=tmp_path)
-        assert (res.returncode, res.stderr, res.stdout.split()) == (0, "", ["n", "0"])
+        assert (res.returncode, res.stdout) == (1, "")
+        assert res.stderr == (f"Error: warehouse {wh} is an empty file an older matrun's creation cut short "
+                              "(it holds no runs); a command that writes replaces it with a new warehouse: "
+                              f"matrun warehouse upgrade --warehouse {wh}, or an ingest or sweep into it\n")
+        assert wh.stat().st_size == leave and sorted(os.listdir(disk)) == ["w.duckdb"]
     res = matrun("ingest", tmp_path / "results", "--warehouse", wh, cwd=tmp_path)
     assert (res.returncode, res.stderr) == (0, "")
     assert counts(wh)["runs"] == 1
@@ -202,8 +206,8 @@ def test_a_creation_killed_midway_leaves_no_warehouse_and_the_next_open_cleans_u
         "import sys, time\n"
         "import matrun.warehouse.db as db\n"
         "real = db.catalog.write_attach_sql\n"
-        "def slow(layout, final=None):\n"
-        "    real(layout, final=final)\n"
+        "def slow(layout):\n"
+        "    real(layout)\n"
         "    print('built', flush=True)\n"
         "    time.sleep(600)\n"
         "db.catalog.write_attach_sql = slow\n"
@@ -305,7 +309,7 @@ def test_an_unfinished_file_on_a_read_only_disk_is_reported_not_replaced(
     wh = disk / "w.duckdb"
     wh.write_bytes(b"")
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-    res = matrun("query", "SELECT 1", "--warehouse", wh, cwd=tmp_path)
+    res = matrun("warehouse", "upgrade", "--warehouse", wh, cwd=tmp_path)
     assert (res.returncode, res.stdout) == (1, "")
     assert res.stderr == (f"Error: warehouse {wh} is empty (its creation was cut short) and cannot be "
                           "recreated here: Read-only file system\n")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bundle_factory import make_bundle
+from lake_client import client_env
 from matrun.warehouse import maintenance
 from matrun.warehouse.db import open_warehouse, view_sql
 from matrun.warehouse.ingest import ingest
@@ -49,7 +50,7 @@ for name in sys.argv[2:]:
 
 def test_a_plain_client_without_pytz_fetches_every_table_and_view(filled: Path) -> None:
     names = [*TABLES, *view_sql()]
-    res = subprocess.run([sys.executable, "-c", _PLAIN, str(filled / "attach.sql"), *names],
+    res = subprocess.run([sys.executable, "-c", _PLAIN, "attach.sql", *names], cwd=filled, env=client_env(),
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     counts = dict(line.split() for line in res.stdout.splitlines())
@@ -62,10 +63,10 @@ def test_the_duckdb_cli_reads_while_a_matrun_writer_holds_the_warehouse(filled: 
     assert cli, "the DuckDB CLI (duckdb-cli) is a test dependency"
     with open_warehouse(filled) as wh:  # the writer lock is held meanwhile
         wh.con.execute("SELECT count(*) FROM runs").fetchone()
-        res = subprocess.run([cli, "-init", str(filled / "attach.sql"), "-csv", "-c",
+        res = subprocess.run([cli, "-init", "attach.sql", "-csv", "-c",
                               "SELECT status, count(*) AS n FROM run_overview GROUP BY status "
                               "ORDER BY status"], capture_output=True, text=True, timeout=120,
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, cwd=filled, env=client_env())
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[-3:] == ["status,n", "failed,1", "ok,2"]
 
@@ -102,8 +103,8 @@ def test_readers_polling_every_50_ms_are_never_refused_nor_see_half_an_ingest(tm
     bundles = [make_bundle(tmp_path / "results", cell_id=f"{i:016x}", step_seconds=seconds,
                            warmup_steps=10) for i in range(30)]
     stop = tmp_path / "stop"
-    poller = subprocess.Popen([sys.executable, "-c", _POLLER, str(path / "attach.sql"), str(steps),
-                               str(stop)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    poller = subprocess.Popen([sys.executable, "-c", _POLLER, "attach.sql", str(steps), str(stop)], cwd=path,
+                              env=client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(0.5)
         for bundle in bundles[:20]:  # as a sweep ingests: one bundle per call

@@ -1,5 +1,7 @@
-"""A warehouse of the single-file format (matrun before the DuckLake warehouse) is upgraded on
-its first open: every row copied into a new lake, the old file kept inside it, nothing lost.
+"""A warehouse of the single-file format (matrun before the DuckLake warehouse) is upgraded by
+the first command that writes to it: every row copied into a new lake, the old file kept inside
+it, nothing lost.  A command that only reads leaves it as it is and says which command
+upgrades it.
 
 The fixture ``golden/legacy/matrun-c04bc4d.duckdb.gz`` was written by matrun c04bc4d with
 the DuckDB it installed (2.0.0), whose storage this matrun's DuckDB cannot read: it is read by
@@ -49,12 +51,24 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_a_warehouse_of_the_previous_matrun_is_upgraded_by_its_first_reader(tmp_path: Path) -> None:
+def test_a_reader_leaves_it_as_it_is_and_matrun_warehouse_upgrade_upgrades_it(tmp_path: Path) -> None:
     path = legacy(tmp_path)
     before = digest(path)
     res = subprocess.run([*MATRUN, "query", "SELECT count(*) AS n FROM runs", "--format", "csv",
                           "--warehouse", str(path)], capture_output=True, text=True, cwd=tmp_path)
-    assert (res.returncode, res.stderr, res.stdout) == (0, "", "n\n6\n")
+    assert (res.returncode, res.stdout) == (1, "")
+    assert res.stderr == (f"Error: warehouse {path} is in the single-file format of an older matrun; a "
+                          "read-only command leaves it as it is, a command that writes upgrades it (its "
+                          "runs kept, the old file inside as legacy.duckdb): matrun warehouse upgrade "
+                          f"--warehouse {path}\n")
+    assert digest(path) == before and sorted(os.listdir(tmp_path)) == ["matrun.duckdb"]
+
+    res = subprocess.run([*MATRUN, "warehouse", "upgrade", "--warehouse", str(path)], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert (res.returncode, res.stderr) == (0, "")
+    assert res.stdout == (f"warehouse {path}: upgraded it from the single-file format; the old file is "
+                          f"{path / 'legacy.duckdb'}\n"
+                          f"warehouse {path}: schema version {len(db.migrations())}, with this matrun's views\n")
     assert path.is_dir() and digest(path / "legacy.duckdb") == before  # the old file, kept as it was
     assert sorted(os.listdir(tmp_path)) == ["matrun.duckdb"]  # no scratch left beside it
     assert counts(path) == COUNTS
@@ -100,6 +114,8 @@ def test_a_single_file_warehouse_this_duckdb_reads_is_upgraded_directly(tmp_path
         con.execute(f'CREATE TABLE "{table.stem}" AS SELECT * FROM read_parquet(\'{table}\')')
     con.close()
     before = digest(path)
+    assert db.upgrade_warehouse(path)[0] == [f"upgraded it from the single-file format; the old file is "
+                                             f"{path / 'legacy.duckdb'}"]
     assert counts(path) == COUNTS
     assert digest(path / "legacy.duckdb") == before
 
@@ -109,7 +125,7 @@ def test_without_a_duckdb_that_reads_it_the_file_is_left_alone_and_the_way_out_s
     path = legacy(tmp_path)
     before = digest(path)
     env = {**os.environ, db.LEGACY_DUCKDB_ENV: str(tmp_path / "none")}
-    res = subprocess.run([*MATRUN, "query", "SELECT 1", "--warehouse", str(path)],
+    res = subprocess.run([*MATRUN, "warehouse", "upgrade", "--warehouse", str(path)],
                          capture_output=True, text=True, cwd=tmp_path, env=env)
     assert (res.returncode, res.stdout) == (1, "")
     assert res.stderr.startswith(f"Error: warehouse {path} is a single-file warehouse written by a "
@@ -118,14 +134,22 @@ def test_without_a_duckdb_that_reads_it_the_file_is_left_alone_and_the_way_out_s
     assert digest(path) == before and sorted(os.listdir(tmp_path)) == ["matrun.duckdb"]
 
 
-def test_an_upgrade_cut_short_between_its_renames_is_finished_by_the_next_open(tmp_path: Path) -> None:
+def test_an_upgrade_cut_short_between_its_renames_is_finished_by_the_next_writer(tmp_path: Path) -> None:
     path = legacy(tmp_path)
+    db.upgrade_warehouse(path)
     assert counts(path) == COUNTS
     # As a kill between the two renames leaves it: the old file inside the new lake, which
     # has not taken the path yet.
     cut = tmp_path / f".matrun.duckdb.upgrading-{socket.gethostname()}-999999999-0a0a0a0a"
     db.forget_instances()
     os.rename(path, cut)
+    with pytest.raises(WarehouseError) as err:  # a reader leaves it
+        counts(path)
+    assert str(err.value) == (f"warehouse {path} does not exist; its upgrade was cut short: a command that "
+                              f"writes to it finishes it (matrun warehouse upgrade --warehouse {path})")
+    assert sorted(os.listdir(tmp_path)) == [cut.name]
+    assert db.upgrade_warehouse(path) == (["finished an upgrade from the single-file format that was cut "
+                                           "short"], len(db.migrations()))
     assert counts(path) == COUNTS
     assert sorted(os.listdir(tmp_path)) == ["matrun.duckdb"]
 

@@ -12,7 +12,10 @@ so that sweeps from several hosts or Slurm clusters write one warehouse (docs/WA
 "Several hosts").  The DuckLake, SQLite and PostgreSQL extensions are loaded from the files
 their PyPI packages install (``duckdb-extension-*``, the same release as DuckDB): nothing is
 downloaded.  ``attach.sql`` in the directory holds the statements that open the warehouse
-read-only in any DuckDB client of that release (``duckdb -init W/attach.sql``).
+read-only in any DuckDB client of that release, wherever the directory is (moved, copied, on
+another host): the extensions are loaded by name from the client's own install, and a local
+catalog and its data are named relative to the directory, which the client runs in
+(``cd W && duckdb -init attach.sql``).  Nothing in a local warehouse names the place it is in.
 
 A shared catalog is made by :func:`create_shared` (``matrun warehouse init``), which checks
 the connection string, the data directory and the server before writing anything.  Its
@@ -34,7 +37,9 @@ import secrets
 import shutil
 import socket
 import sqlite3
+import stat
 import time
+import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,6 +58,8 @@ ATTACH_SQL = "attach.sql"
 WRITER_LOCK = ".writer.lock"
 #: Written into a lake built from a single-file warehouse once its rows are in.
 UPGRADED = ".upgraded-from"
+#: The first 16 bytes of every SQLite database file.
+SQLITE_MAGIC = b"SQLite format 3\x00"
 _EXTENSIONS = {"ducklake": "duckdb_extension_ducklake", "sqlite_scanner": "duckdb_extension_sqlite_scanner",
                "postgres_scanner": "duckdb_extension_postgres_scanner"}
 
@@ -93,8 +100,65 @@ def layout(path: Path) -> Layout:
 
 
 def is_warehouse(path: Path) -> bool:
-    """Whether the directory ``path`` is a warehouse (it has a catalog or a ``warehouse.toml``)."""
-    return (path / CATALOG).is_file() or (path / CONFIG).is_file()
+    """Whether the directory ``path`` is a warehouse (:func:`warehouse_problem` finds nothing)."""
+    return warehouse_problem(path) is None
+
+
+def warehouse_problem(path: Path) -> str | None:
+    """Why the directory ``path`` is not a warehouse, or None when it is one: it has a
+    ``warehouse.toml``, or a ``catalog.sqlite`` that is a DuckLake catalog.  Files are only
+    read, never opened for writing, and nothing is created beside them."""
+    if (path / CONFIG).is_file():
+        return None
+    file = path / CATALOG
+    try:
+        st = os.stat(file)
+    except FileNotFoundError:
+        return f"it has no {CATALOG} or {CONFIG}"
+    except OSError as exc:
+        return f"its {CATALOG} cannot be read: {exc.strerror or exc}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"its {CATALOG} is not a file"
+    try:
+        with open(file, "rb") as fh:
+            head = fh.read(len(SQLITE_MAGIC))
+    except OSError as exc:
+        return f"its {CATALOG} cannot be read: {exc.strerror or exc}"
+    if head != SQLITE_MAGIC:
+        return f"its {CATALOG} is not a SQLite database"
+    if not _holds_ducklake(file):
+        return f"its {CATALOG} is a SQLite database but not a DuckLake catalog"
+    return None
+
+
+def _holds_ducklake(file: Path) -> bool:
+    """Whether the SQLite database ``file`` holds DuckLake's ``ducklake_metadata`` table, read
+    as an immutable file (no lock, no ``-wal`` or ``-shm`` file made); when that misses it and a
+    write-ahead log with data lies beside it (a catalog never checkpointed), read again through
+    the log, read-only."""
+    uri = "file:" + urllib.request.pathname2url(str(file))
+    for mode in ("immutable=1", "mode=ro"):
+        if mode == "mode=ro" and not _has_log(file):
+            return False
+        try:
+            con = sqlite3.connect(f"{uri}?{mode}", uri=True, timeout=5)
+            try:
+                found = con.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' "
+                                    "AND name = 'ducklake_metadata'").fetchone()[0]
+            finally:
+                con.close()
+        except sqlite3.Error:
+            found = 0
+        if found:
+            return True
+    return False
+
+
+def _has_log(file: Path) -> bool:
+    try:
+        return os.stat(f"{file}-wal").st_size > 0
+    except OSError:
+        return False
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,33 +178,60 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def attach_statements(lay: Layout, *, read_only: bool) -> list[str]:
-    """The statements that load the extensions and attach the lake as ``lake``, in use."""
+def attach_statements(lay: Layout, *, read_only: bool, snapshot: int | None = None) -> list[str]:
+    """The statements that load the extensions (from matrun's install) and attach the lake as
+    ``lake``, in use, with this location's absolute paths; ``snapshot`` pins a read-only
+    attach to that snapshot."""
     scanner = "sqlite_scanner" if lay.local else "postgres_scanner"
     options = [f"DATA_PATH {_quote(str(lay.data) + os.sep)}", "OVERRIDE_DATA_PATH true"]
     if read_only:
         options.insert(0, "READ_ONLY")
+    if snapshot is not None:
+        options.append(f"SNAPSHOT_VERSION {int(snapshot)}")
     return [f"LOAD {_quote(str(extension_path('ducklake')))}",
             f"LOAD {_quote(str(extension_path(scanner)))}",
             f"ATTACH {_quote('ducklake:' + lay.catalog)} AS lake ({', '.join(options)})",
             "USE lake"]
 
 
+def portable_statements(lay: Layout) -> list[str]:
+    """``attach.sql``'s statements: the extensions loaded by name (the client's own install),
+    the lake attached read-only as ``lake``; a local catalog and its data named relative to
+    the warehouse directory (the client's working directory), a shared catalog as
+    ``warehouse.toml`` names it."""
+    if lay.local:
+        source, data = f"sqlite:{CATALOG}", f"{DATA}/"
+    else:
+        source, data = lay.catalog, str(lay.data).rstrip(os.sep) + os.sep
+    return ["LOAD ducklake", f"LOAD {'sqlite' if lay.local else 'postgres'}",
+            f"ATTACH {_quote('ducklake:' + source)} AS lake (READ_ONLY, DATA_PATH {_quote(data)}, "
+            "OVERRIDE_DATA_PATH true)",
+            "USE lake"]
+
+
 def attach_sql(lay: Layout) -> str:
-    """``attach.sql``: what a plain DuckDB client runs to read the warehouse."""
-    lines = [f"-- Open this matrun warehouse read-only in DuckDB {duckdb.__version__}:",
-             f"--   duckdb -init {lay.path / ATTACH_SQL}",
-             "-- or run these statements in any client (Python: con.execute(open(this file).read())).",
-             "-- Rewritten by every matrun writer; the tables and views are in the database `lake`.",
-             *(f"{statement};" for statement in attach_statements(lay, read_only=True))]
+    """``attach.sql``: what a plain DuckDB client runs to read the warehouse.  A local
+    warehouse's names no absolute path, so it is the same text wherever the directory is."""
+    where = ("-- Run it in the warehouse directory (its paths are relative to the working directory):\n"
+             f"--   cd <this directory> && duckdb -init {ATTACH_SQL}\n"
+             f"--   Python: os.chdir(<this directory>); duckdb.connect().execute(open('{ATTACH_SQL}').read())"
+             if lay.local else
+             f"-- Run it from any directory: duckdb -init <this directory>/{ATTACH_SQL}")
+    lines = [f"-- Opens this matrun warehouse read-only in DuckDB {duckdb.__version__} (its tables and views",
+             "-- in the database `lake`), with no matrun installed.",
+             where,
+             "-- LOAD finds the extensions by name in the client's extension directory",
+             f"-- (~/.duckdb/extensions/v{duckdb.__version__}/<platform>/): INSTALL them once, or copy them",
+             "-- there from the pip packages duckdb-extension-ducklake, -sqlite-scanner, -postgres-scanner.",
+             "-- `matrun shell` opens it from anywhere.",
+             *(f"{statement};" for statement in portable_statements(lay))]
     return "\n".join(lines) + "\n"
 
 
-def write_attach_sql(lay: Layout, *, final: Path | None = None) -> None:
-    """Write ``attach.sql`` (as it will read once the directory is at ``final``) when it
-    differs from what is there; replaced atomically."""
-    target = lay if final is None else layout_at(lay, final)
-    text = attach_sql(target)
+def write_attach_sql(lay: Layout) -> None:
+    """Write ``attach.sql`` when it differs from what is there (an older matrun's, which named
+    absolute paths); replaced atomically."""
+    text = attach_sql(lay)
     out = lay.path / ATTACH_SQL
     try:
         if out.read_text(encoding="utf-8") == text:
@@ -152,12 +243,50 @@ def write_attach_sql(lay: Layout, *, final: Path | None = None) -> None:
     os.replace(tmp, out)
 
 
-def layout_at(lay: Layout, path: Path) -> Layout:
-    """``lay`` as it will be once its directory is renamed to ``path``."""
-    path = Path(os.path.abspath(path))
-    if not lay.local:
-        return Layout(path, lay.catalog, lay.data, local=False)
-    return Layout(path, f"sqlite:{path / CATALOG}", path / DATA, local=True)
+def stale_attach_sql(lay: Layout) -> bool:
+    """Whether ``attach.sql`` is not what this matrun writes for the warehouse (an older
+    matrun's names the absolute paths of the place it was written in); the next writer
+    rewrites it, a reader leaves it."""
+    try:
+        return (lay.path / ATTACH_SQL).read_text(encoding="utf-8") != attach_sql(lay)
+    except (OSError, UnicodeDecodeError):
+        return True
+
+
+#: The database DuckLake attaches a lake's catalog as (``__ducklake_metadata_<name>``).
+METADATA = "__ducklake_metadata_lake"
+_LIVE = "begin_snapshot <= $s AND (end_snapshot IS NULL OR end_snapshot > $s)"
+
+
+def newest_snapshot(con: duckdb.DuckDBPyConnection) -> int:
+    """The id of the newest snapshot in the catalog of the lake ``con`` has attached as
+    ``lake`` (read from the catalog itself: a lake attached at an older snapshot sees it)."""
+    return con.execute(f"SELECT max(snapshot_id) FROM {METADATA}.ducklake_snapshot").fetchone()[0]
+
+
+def snapshot_files(con: duckdb.DuckDBPyConnection, lay: Layout, snapshot: int) -> list[str]:
+    """The absolute path of every file a reader of ``snapshot`` may read: the data and delete
+    files of every table then, resolved as DuckLake does (a relative path under its table's,
+    a relative table path under its schema's, a relative schema path under the data path)."""
+    rows = con.execute(f"""
+        WITH s AS (SELECT schema_id, path, path_is_relative FROM {METADATA}.ducklake_schema WHERE {_LIVE}),
+             t AS (SELECT table_id, schema_id, path, path_is_relative FROM {METADATA}.ducklake_table WHERE {_LIVE}),
+             f AS (SELECT table_id, path, path_is_relative FROM {METADATA}.ducklake_data_file WHERE {_LIVE}
+                   UNION ALL
+                   SELECT table_id, path, path_is_relative FROM {METADATA}.ducklake_delete_file WHERE {_LIVE})
+        SELECT DISTINCT s.path, s.path_is_relative, t.path, t.path_is_relative, f.path, f.path_is_relative
+        FROM f JOIN t USING (table_id) JOIN s USING (schema_id)""", {"s": snapshot}).fetchall()
+    data = str(lay.data).rstrip(os.sep) + os.sep
+    files = []
+    for schema, schema_rel, table, table_rel, file, file_rel in rows:
+        where = file
+        if file_rel is not False:
+            base = table
+            if table_rel is not False:
+                base = (data + (schema or "") if schema_rel is not False else schema) + (table or "")
+            where = base + file
+        files.append(os.path.normpath(where))
+    return sorted(set(files))
 
 
 def create_local(lay: Layout) -> None:
@@ -411,7 +540,7 @@ def create_shared(path: Path | str, *, postgres: str, data: Path | str) -> tuple
                                  f"{shown_conninfo(postgres)}: {str(exc).strip().splitlines()[0]}") from None
         finally:
             con.close()
-        write_attach_sql(lay, final=path)
+        write_attach_sql(lay)
         os.rename(scratch, path)  # onto an empty directory, or a new name
     except OSError as exc:
         raise WarehouseError(f"cannot create warehouse {path}: {exc.strerror or exc}") from None

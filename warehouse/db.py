@@ -16,15 +16,20 @@ transactions order its writers (:mod:`matrun.warehouse.catalog`).
 A writer applies pending migrations (``migrations/NNN_name.sql``, once each, in a transaction,
 recorded in ``schema_migrations``) and re-creates the views from ``views/<name>.sql`` and the
 macros they call: the framework facts rendered from ``images/*/framework.toml``
-(``framework_sql``), then ``views/_macros.sql``.  A read-only connection changes nothing and
-runs with DuckDB's external access off, so SQL typed by a user cannot read or write files.
+(``framework_sql``), then ``views/_macros.sql``.  A read-only connection changes nothing: it
+is pinned to one snapshot and may open only that snapshot's files (DuckDB's external access
+off but for them), so SQL typed by a user can neither read other files nor write any, in the
+warehouse or elsewhere.  Every path is taken from where the warehouse is now, so a warehouse
+that was moved or copied reads and writes its own catalog and data.
 
 A new warehouse is built beside its path and renamed into place, so a creation cut short
 never leaves a half-made warehouse.  A warehouse of the single-file format (a DuckDB file at
-the path, matrun's schema 1 to 4) is upgraded on its first open: its rows are copied into a
-new lake built beside it, the old file is kept inside the new directory as ``legacy.duckdb``,
-and the directory takes the file's place.  A file an older creation cut short (0 bytes, or
-only part of DuckDB's header) held nothing and is replaced.
+the path, matrun's schema 1 to 4) is upgraded by the first writer that opens it: its rows are
+copied into a new lake built beside it, the old file is kept inside the new directory as
+``legacy.duckdb``, and the directory takes the file's place.  A file an older creation cut
+short (0 bytes, or only part of DuckDB's header) held nothing and a writer replaces it.  A
+reader only looks at what the path holds (reading a few bytes), so a path that is not a
+warehouse (``/etc/passwd``) is named as such, with nothing opened to write or made beside it.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from typing import Iterator
 
 import duckdb
 
-from matrun.errors import InputError, WarehouseError, WarehouseLocked
+from matrun.errors import InputError, NotAWarehouse, WarehouseError, WarehouseLocked
 from matrun.warehouse import catalog, framework_sql, materialise
 
 #: Marks the views this module owns, so re-creating them never touches a user's own views.
@@ -127,10 +132,13 @@ def open_warehouse(path: Path | str, *, read_only: bool = False,
 
     A writer creates it if needed (built beside the path, then renamed into place), waits for
     another writer (up to ``max(wait_s, WRITER_WAIT_S)`` seconds, then
-    :class:`WarehouseLocked`), applies pending migrations and re-creates the views.  A reader
-    waits for nothing.  Reader or writer, a single-file warehouse is upgraded first.  A full
-    disk raises ``WarehouseError("no space left on device: W; …")``; a path the system
-    refuses (too long) raises ``InputError``.
+    :class:`WarehouseLocked`), applies pending migrations and re-creates the views; it
+    upgrades a single-file warehouse first.  A reader waits for nothing and writes nothing: it
+    reads the snapshot that was newest when it opened, through a connection that may open only
+    that snapshot's files; a path that is not a warehouse raises :class:`NotAWarehouse`, a
+    single-file warehouse ``WarehouseError`` saying which command upgrades it.  A full disk
+    raises ``WarehouseError("no space left on device: W; …")``; a path the system refuses (too
+    long) raises ``InputError``.
     """
     path = Path(path)
     _prepare(path, read_only=read_only, wait_s=wait_s)
@@ -171,37 +179,116 @@ def open_warehouse(path: Path | str, *, read_only: bool = False,
             con.close()
 
 
-def _prepare(path: Path, *, read_only: bool, wait_s: float) -> None:
-    """Make sure ``path`` is a warehouse directory: finish or run the upgrade of a
-    single-file warehouse, replace a file an older creation cut short; for a writer, create
-    a missing warehouse (and its parent directories)."""
+def upgrade_warehouse(path: Path | str, *, wait_s: float = 0.0) -> tuple[list[str], int]:
+    """Bring the warehouse at ``path`` up to this matrun now, as its next writer would: upgrade
+    a single-file warehouse (or replace the empty file an older creation cut short), finish an
+    upgrade cut short, apply pending migrations, re-create the views, rewrite an older
+    ``attach.sql``.  Returns what was done beyond the migrations and views, in words, and the
+    schema version.  A path holding nothing is not created: :class:`NotAWarehouse`."""
+    path = Path(path)
     try:
-        if not read_only:
+        kind = _kind(path)
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    if kind == "missing" and not any((Path(name) / LEGACY_NAME).is_file() for name in _upgrades_beside(path)):
+        raise NotAWarehouse(f"warehouse {shown(path)} does not exist; run `matrun sweep` or `matrun "
+                            "ingest` first to create it")
+    old_attach = kind == "warehouse" and catalog.stale_attach_sql(catalog.layout(path))
+    with open_warehouse(path, wait_s=wait_s) as wh:
+        version = max(_applied_versions(wh.con), default=0)
+    done = {"missing": ["finished an upgrade from the single-file format that was cut short"],
+            "unfinished": ["replaced the empty file an older creation cut short with a new warehouse"],
+            "single-file": ["upgraded it from the single-file format; the old file is "
+                            f"{shown(path / LEGACY_NAME)}"]}.get(kind, [])
+    if old_attach:
+        done.append(f"rewrote {catalog.ATTACH_SQL}: it named the place an older matrun wrote it in")
+    return done, version
+
+
+def _prepare(path: Path, *, read_only: bool, wait_s: float) -> None:
+    """Make sure ``path`` is a warehouse directory.  A reader only looks: it writes nothing,
+    creates nothing and opens nothing for writing, so it names what it found instead (a
+    single-file warehouse to upgrade, a file an older creation cut short, something that is
+    not a warehouse).  A writer finishes or runs the upgrade of a single-file warehouse,
+    replaces a file an older creation cut short, and creates a missing warehouse (and its
+    parent directories)."""
+    try:
+        if read_only:
+            _check_readable(path)
+            return
+        kind = _kind(path)
+        if kind == "missing":
             path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_abandoned(path)
-        _finish_upgrade(path)
-        st = _stat(path)
-        if st is not None and stat.S_ISREG(st.st_mode):
-            if unfinished(path):
-                _replace_unfinished(path)
-            else:
-                _upgrade(path, wait_s)
-        elif st is None:
-            if read_only:
-                raise WarehouseError(f"warehouse {shown(path)} does not exist; run `matrun sweep` "
-                                     "or `matrun ingest` first to create it")
+            _remove_abandoned(path)
+            _finish_upgrade(path)
+            kind = _kind(path)
+        else:
+            _remove_abandoned(path)
+        if kind == "missing":
             _create(path)
-        elif not stat.S_ISDIR(st.st_mode):
-            raise WarehouseError(f"warehouse {shown(path)} is neither a warehouse directory nor a "
-                                 "file; point --warehouse at a matrun warehouse or a new name")
-        elif not catalog.is_warehouse(path):
-            raise WarehouseError(f"{shown(path)} is a directory but not a matrun warehouse (it has "
-                                 f"no {catalog.CATALOG} or {catalog.CONFIG}); point --warehouse "
-                                 "at a matrun warehouse or at a new name")
+        elif kind == "unfinished":
+            _replace_unfinished(path)
+        elif kind == "single-file":
+            _upgrade(path, wait_s)
     except OSError as exc:
         raise os_error(path, exc) from None
     except duckdb.Error as exc:
         raise database_error(path, exc) from None
+
+
+def _kind(path: Path) -> str:
+    """What is at ``path``, found by reading only: ``missing``, ``warehouse`` (a directory),
+    ``unfinished`` (the file an older creation cut short), ``single-file`` (a DuckDB file: an
+    older matrun's warehouse, checked when it is upgraded); anything else raises
+    :class:`NotAWarehouse` naming it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise NotAWarehouse(f"warehouse {shown(path)} is a symbolic link to {shown(os.readlink(path))}, "
+                                "which does not exist; point --warehouse at a matrun warehouse or at a "
+                                "new name") from None
+        return "missing"
+    if stat.S_ISDIR(st.st_mode):
+        problem = catalog.warehouse_problem(path)
+        if problem is not None:
+            raise NotAWarehouse(f"{shown(path)} is a directory but not a matrun warehouse ({problem}); "
+                                "point --warehouse at a matrun warehouse or at a new name")
+        return "warehouse"
+    if not stat.S_ISREG(st.st_mode):
+        raise NotAWarehouse(f"warehouse {shown(path)} is neither a warehouse directory nor a file; "
+                            "point --warehouse at a matrun warehouse or a new name")
+    if unfinished(path):
+        return "unfinished"
+    with open(path, "rb") as fh:  # read-only: a file that is not DuckDB's is never opened to write
+        head = fh.read(12)
+    if len(head) < 12 or head[8:12] != _DUCKDB_MAGIC:
+        raise NotAWarehouse(f"{shown(path)} is not a DuckDB database file; point --warehouse at a "
+                            "matrun warehouse or at a new name")
+    return "single-file"
+
+
+def _check_readable(path: Path) -> None:
+    """A reader's :func:`_prepare`: ``path`` must be a warehouse directory now."""
+    kind = _kind(path)
+    if kind == "missing":
+        cut_short = any((Path(name) / catalog.UPGRADED).is_file() for name in _upgrades_beside(path))
+        raise NotAWarehouse(
+            f"warehouse {shown(path)} does not exist; "
+            + ("its upgrade was cut short: a command that writes to it finishes it (matrun warehouse "
+               f"upgrade --warehouse {shown(path)})" if cut_short else
+               "run `matrun sweep` or `matrun ingest` first to create it"))
+    if kind == "unfinished":
+        raise WarehouseError(f"warehouse {shown(path)} is an empty file an older matrun's creation cut "
+                             "short (it holds no runs); a command that writes replaces it with a new "
+                             f"warehouse: matrun warehouse upgrade --warehouse {shown(path)}, or an "
+                             "ingest or sweep into it")
+    if kind == "single-file":
+        _check_legacy(path)  # read-only: a DuckDB file that is not matrun's is named as such
+        raise WarehouseError(f"warehouse {shown(path)} is in the single-file format of an older matrun; "
+                             "a read-only command leaves it as it is, a command that writes upgrades "
+                             "it (its runs kept, the old file inside as legacy.duckdb): matrun warehouse "
+                             f"upgrade --warehouse {shown(path)}")
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -261,29 +348,35 @@ def _first_line(exc: BaseException) -> str:
 # -- connecting --------------------------------------------------------------------------
 
 
-#: Open DuckDB instances with a lake attached, by (process, warehouse, catalog file, mode):
-#: loading the two extensions costs about 0.15 s, so each ``open_warehouse`` takes a new
-#: connection (a cursor) of its process's instance instead of a new instance.
-_INSTANCES: dict[tuple[object, ...], duckdb.DuckDBPyConnection] = {}
+#: Open DuckDB instances with a lake attached, by (process, warehouse, catalog file, mode),
+#: with the snapshot a reader's is pinned to (None for a writer's): loading the two
+#: extensions costs about 0.15 s, so each ``open_warehouse`` takes a new connection (a cursor)
+#: of its process's instance instead of a new instance, while the catalog has no newer snapshot.
+_INSTANCES: dict[tuple[object, ...], tuple[duckdb.DuckDBPyConnection, int | None]] = {}
 _MAX_INSTANCES = 8
 
 
 def _connect(layout: catalog.Layout, *, read_only: bool) -> duckdb.DuckDBPyConnection:
-    """A connection with the lake attached and in use; for a reader, external access off
-    (but for the data directory) and the configuration locked."""
+    """A connection with the lake attached and in use.  A reader's instance is pinned to the
+    snapshot that was newest when it was made (:func:`reader_statements`): a newer one in the
+    catalog makes a new instance."""
     key = (os.getpid(), str(layout.path), layout.catalog, _catalog_identity(layout), read_only)
-    base = _INSTANCES.get(key)
-    if base is not None:
+    cached = _INSTANCES.get(key)
+    if cached is not None:
+        base, pinned = cached
         try:
             con = base.cursor()
-            con.execute(f"USE {LAKE}")
-            return con
+            if pinned is None or catalog.newest_snapshot(con) == pinned:
+                con.execute(f"USE {LAKE}")
+                return con
+            con.close()
         except duckdb.Error:
-            _forget(key)
-    base = _instance(layout, read_only=read_only)
+            pass
+        _forget(key)
+    base, pinned = _instance(layout, read_only=read_only)
     while len(_INSTANCES) >= _MAX_INSTANCES:
         _forget(next(iter(_INSTANCES)))
-    _INSTANCES[key] = base
+    _INSTANCES[key] = (base, pinned)
     con = base.cursor()
     con.execute(f"USE {LAKE}")
     return con
@@ -298,10 +391,10 @@ def _catalog_identity(layout: catalog.Layout) -> tuple[int, int] | None:
 
 
 def _forget(key: tuple[object, ...]) -> None:
-    base = _INSTANCES.pop(key, None)
-    if base is not None:
+    cached = _INSTANCES.pop(key, None)
+    if cached is not None:
         try:
-            base.close()
+            cached[0].close()
         except duckdb.Error:
             pass
 
@@ -314,19 +407,21 @@ def forget_instances(path: Path | str | None = None) -> None:
             _forget(key)
 
 
-def _instance(layout: catalog.Layout, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+def _instance(layout: catalog.Layout, *, read_only: bool) -> tuple[duckdb.DuckDBPyConnection, int | None]:
+    """A new DuckDB instance with the lake attached, and the snapshot a reader's is pinned to."""
     try:
         con = duckdb.connect()
     except duckdb.Error as exc:
         raise WarehouseError(f"could not open warehouse {shown(layout.path)}: {_first_line(exc)}") from None
     try:
-        for statement in catalog.attach_statements(layout, read_only=read_only):
+        if not read_only:
+            for statement in catalog.attach_statements(layout, read_only=False):
+                con.execute(statement)
+            return con, None
+        statements, pinned = reader_statements(layout, con)
+        for statement in statements:
             con.execute(statement)
-        if read_only:
-            data = str(layout.data).replace("'", "''") + os.sep
-            con.execute(f"SET allowed_directories = ['{data}']")
-            con.execute("SET enable_external_access = false")
-            con.execute("SET lock_configuration = true")
+        return con, pinned
     except duckdb.Error as exc:
         con.close()
         if is_no_space(exc):
@@ -336,7 +431,35 @@ def _instance(layout: catalog.Layout, *, read_only: bool) -> duckdb.DuckDBPyConn
     except BaseException:
         con.close()
         raise
-    return con
+
+
+def reader_statements(layout: catalog.Layout,
+                      con: duckdb.DuckDBPyConnection) -> tuple[list[str], int]:
+    """The statements that make ``con`` (a new instance) a reader of the warehouse, and the
+    snapshot they pin it to: the lake attached read-only at the newest snapshot, and only the
+    files of that snapshot allowed, with external access off and the configuration locked.
+
+    Read-only in DuckLake stops changes to the catalog, not the files DuckLake writes before
+    it commits them (``CHECKPOINT`` flushes inlined rows into new Parquet files, then fails):
+    a reader may open exactly the files its snapshot holds, so it can create, change or delete
+    nothing under the data path, whatever SQL it runs.  ``con`` attaches the lake to read the
+    snapshot and its files, and detaches it; the statements returned do it all again, pinned,
+    in ``con`` or in the DuckDB CLI (``matrun shell``)."""
+    for statement in catalog.attach_statements(layout, read_only=True):
+        con.execute(statement)
+    pinned = catalog.newest_snapshot(con)
+    allowed = catalog.snapshot_files(con, layout, pinned)
+    con.execute("USE memory")
+    con.execute(f"DETACH {LAKE}")
+    paths = "[" + ", ".join("'" + path.replace("'", "''") + "'" for path in allowed) + "]"
+    *attach, use = catalog.attach_statements(layout, read_only=True, snapshot=pinned)
+    return [*attach,
+            f"SET allowed_paths = {paths}",
+            "SET allowed_directories = []",
+            "SET autoinstall_known_extensions = false",
+            "SET enable_external_access = false",
+            "SET lock_configuration = true",
+            use], pinned
 
 
 @contextmanager
@@ -412,18 +535,29 @@ def _scratch(path: Path, kind: str = "creating") -> Path:
                           f"{secrets.token_hex(4)}")
 
 
-def _build(scratch: Path, path: Path) -> duckdb.DuckDBPyConnection:
-    """A new, empty lake in ``scratch`` (migrations, views); returns its writer connection.
-    The first build of a process is kept as a template the later ones copy (creating the
-    views costs about half a second; copying the catalog, milliseconds)."""
+def _copy_template(scratch: Path, path: Path) -> None:
+    """A new, empty lake in ``scratch`` (migrations, views), copied from the template (applying
+    the migrations and creating the views costs seconds; copying the catalog, milliseconds)."""
     template = _template(path)
     # SQLite's -wal and -shm files are never copied (the template's catalog is checkpointed).
     shutil.copytree(template, scratch, ignore=shutil.ignore_patterns("*-wal", "*-shm"))
+
+
+def _build(scratch: Path, path: Path) -> duckdb.DuckDBPyConnection:
+    """A new, empty lake in ``scratch``; returns its writer connection."""
+    _copy_template(scratch, path)
     return _connect(catalog.layout(scratch), read_only=False)
 
 
 _TEMPLATES: dict[str, Path] = {}
 _TEMPLATE_PREFIX = "matrun-lake-template-"
+#: Where the empty lakes of each schema are kept for every later process of this user: under
+#: matrun's home (``$MATRUN_HOME``, default ``~/.cache/matrun``, as runner.environments.home).
+SHARED_TEMPLATES = "lake-templates"
+#: Written last into a shared template, with its key: a folder without it is never used.
+_TEMPLATE_MARK = ".matrun-template"
+#: A shared template of another schema unused this long is removed when a new one is made.
+_TEMPLATE_KEEP_S = 14 * 24 * 3600
 
 
 def _remove_dead_templates() -> None:
@@ -434,13 +568,67 @@ def _remove_dead_templates() -> None:
             shutil.rmtree(name, ignore_errors=True)
 
 
+def _template_key() -> str:
+    """The schema, views and macros of this matrun, and the DuckDB and DuckLake that write them."""
+    return hashlib.sha256(repr((duckdb.__version__, [m.sql for m in migrations()], view_sql(),
+                                macro_sql())).encode()).hexdigest()[:16]
+
+
+def _shared_templates() -> Path:
+    return Path(os.environ.get("MATRUN_HOME") or Path.home() / ".cache" / "matrun") / SHARED_TEMPLATES
+
+
+def _shared_template(key: str) -> Path | None:
+    """The shared template of ``key`` when a process made it whole (its mark names the key)."""
+    lake = _shared_templates() / key / "lake"
+    try:
+        st = os.lstat(lake.parent)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            return None  # only a folder this user made is copied into a warehouse
+        if (lake.parent / _TEMPLATE_MARK).read_text(encoding="utf-8") != key:
+            return None
+    except (OSError, UnicodeDecodeError):
+        return None
+    return lake if (lake / catalog.CATALOG).is_file() else None
+
+
+def _share_template(key: str, lake: Path) -> None:
+    """Copy this process's template to matrun's home for the later processes (best effort:
+    an unwritable home only means each process builds its own)."""
+    root = _shared_templates()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
+    except OSError:
+        return
+    try:
+        shutil.copytree(lake, tmp / "lake", ignore=shutil.ignore_patterns("*-wal", "*-shm"))
+        (tmp / _TEMPLATE_MARK).write_text(key, encoding="utf-8")
+        os.rename(tmp, root / key)  # whole or not at all; another process's, when first, is kept
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    now = time.time()
+    for other in root.iterdir() if root.is_dir() else ():
+        try:
+            if other.name != key and now - other.stat().st_mtime > _TEMPLATE_KEEP_S:
+                shutil.rmtree(other, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def _template(path: Path) -> Path:
-    """This process's empty lake of the current schema and views, built once."""
-    digest = hashlib.sha256(repr(([m.sql for m in migrations()], view_sql(),
-                                  macro_sql())).encode()).hexdigest()[:16]
-    found = _TEMPLATES.get(digest)
+    """An empty lake of the current schema and views: built once per user and schema (kept in
+    matrun's home, ``lake-templates/<key>``), else once per process in the temporary directory."""
+    key = _template_key()
+    found = _TEMPLATES.get(key)
     if found is not None and found.is_dir():
         return found
+    shared = _shared_template(key)
+    if shared is not None:
+        _TEMPLATES[key] = shared
+        return shared
     _remove_dead_templates()
     home = Path(tempfile.mkdtemp(prefix=f"{_TEMPLATE_PREFIX}{os.getpid()}-"))
     atexit.register(shutil.rmtree, home, True)
@@ -448,7 +636,7 @@ def _template(path: Path) -> Path:
     lake.mkdir()
     lay = catalog.layout(lake)
     catalog.create_local(lay)
-    con = _instance(lay, read_only=False)
+    con, _ = _instance(lay, read_only=False)
     try:
         con.execute(f"USE {LAKE}")
         apply_migrations(con, path)
@@ -456,7 +644,8 @@ def _template(path: Path) -> Path:
     finally:
         con.close()
     catalog.checkpoint_local(lay)
-    _TEMPLATES[digest] = lake
+    _TEMPLATES[key] = lake
+    _share_template(key, lake)
     return lake
 
 
@@ -465,9 +654,8 @@ def _create(path: Path) -> None:
     created one meanwhile, theirs is kept and ours removed."""
     scratch = _scratch(path)
     try:
-        _build(scratch, path).close()
-        forget_instances(scratch)
-        catalog.write_attach_sql(catalog.layout(scratch), final=path)
+        _copy_template(scratch, path)  # opened first at its final path: no connection here
+        catalog.write_attach_sql(catalog.layout(scratch))
         _fsync(scratch)
         try:
             os.rename(scratch, path)
@@ -525,14 +713,18 @@ def _upgrade_lock(path: Path, wait_s: float, cannot: str) -> Iterator[None]:
 
 
 def _upgrade(path: Path, wait_s: float) -> None:
-    """Upgrade the single-file warehouse at ``path`` into a lake (module docstring)."""
+    """Upgrade the single-file warehouse at ``path`` into a lake (module docstring).  The file
+    is first read read-only: one that is not a matrun warehouse is refused before anything is
+    written or created beside it."""
+    newer = _check_legacy(path)
     with _upgrade_lock(path, wait_s, "is in the single-file format of an older matrun and cannot "
                                      "be upgraded here (run `matrun ingest` on it where it is "
                                      "writable)"):
         st = _stat(path)
         if st is None or not stat.S_ISREG(st.st_mode):
             return  # another process upgraded it meanwhile
-        newer = _check_legacy(path)
+        if not newer:
+            _fold_legacy_log(path)
         scratch = _scratch(path, "upgrading")
         exported = scratch.with_name(scratch.name + ".export")
         try:
@@ -544,7 +736,7 @@ def _upgrade(path: Path, wait_s: float) -> None:
             finally:
                 con.close()
                 forget_instances(scratch)
-            catalog.write_attach_sql(catalog.layout(scratch), final=path)
+            catalog.write_attach_sql(catalog.layout(scratch))
             (scratch / catalog.UPGRADED).write_text(f"{path.name}\n", encoding="utf-8")
             _fsync(scratch)
             os.rename(path, scratch / LEGACY_NAME)  # from here on, _finish_upgrade completes it
@@ -560,11 +752,11 @@ def _upgrade(path: Path, wait_s: float) -> None:
 
 
 def _check_legacy(path: Path) -> bool:
-    """Check the file at ``path`` is a matrun single-file warehouse this matrun can upgrade,
-    and fold its write-ahead log into it; True when a newer DuckDB wrote it (it is then read
-    by :func:`_export_legacy`, and checked there)."""
+    """Check, read-only, that the file at ``path`` is a matrun single-file warehouse this
+    matrun can upgrade; True when a newer DuckDB wrote it (it is then read by
+    :func:`_export_legacy`, and checked there)."""
     try:
-        con = duckdb.connect(str(path))
+        con = duckdb.connect(str(path), read_only=True)
     except duckdb.IOException as exc:
         message = str(exc)
         if _NEWER_FORMAT in message:
@@ -574,8 +766,8 @@ def _check_legacy(path: Path) -> bool:
                                   "another process; close it, then run the command again to "
                                   "upgrade it") from None
         if "not a valid DuckDB database file" in message:
-            raise WarehouseError(f"{shown(path)} is not a DuckDB database file; point --warehouse "
-                                 "at a matrun warehouse or at a new name") from None
+            raise NotAWarehouse(f"{shown(path)} is not a DuckDB database file; point --warehouse "
+                                "at a matrun warehouse or at a new name") from None
         raise WarehouseError(f"could not open warehouse {shown(path)}: {_first_line(exc)}") from None
     except duckdb.Error as exc:
         raise WarehouseError(f"could not open warehouse {shown(path)}: {_first_line(exc)}") from None
@@ -583,17 +775,35 @@ def _check_legacy(path: Path) -> bool:
         tables = {row[0] for row in con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
         if "schema_migrations" not in tables:
-            raise WarehouseError(f"{shown(path)} is a DuckDB file but not a matrun warehouse "
-                                 "(it has no schema_migrations table)")
+            raise NotAWarehouse(f"{shown(path)} is a DuckDB file but not a matrun warehouse "
+                                "(it has no schema_migrations table)")
         version = max((v for (v,) in con.execute("SELECT version FROM schema_migrations").fetchall()),
                       default=0)
         _check_legacy_version(path, version)
-        con.execute("CHECKPOINT")
     except duckdb.Error as exc:
         raise database_error(path, exc) from None
     finally:
         con.close()
     return False
+
+
+def _fold_legacy_log(path: Path) -> None:
+    """Fold the single-file warehouse's write-ahead log (``W.wal``) into it, so no log is left
+    beside the path once the file moves into the lake (the upgrade's writer open)."""
+    try:
+        con = duckdb.connect(str(path))
+    except duckdb.IOException as exc:
+        if "Could not set lock on file" in str(exc):
+            raise WarehouseLocked(f"warehouse {shown(path)} (single-file format) is open in "
+                                  "another process; close it, then run the command again to "
+                                  "upgrade it") from None
+        raise WarehouseError(f"could not open warehouse {shown(path)}: {_first_line(exc)}") from None
+    try:
+        con.execute("CHECKPOINT")
+    except duckdb.Error as exc:
+        raise database_error(path, exc) from None
+    finally:
+        con.close()
 
 
 def _check_legacy_version(path: Path, version: int) -> None:
@@ -692,13 +902,17 @@ def _table_columns(con: duckdb.DuckDBPyConnection, database: str) -> dict[str, l
     return columns
 
 
+def _upgrades_beside(path: Path) -> list[str]:
+    """The scratch directories of upgrades of ``path`` beside it (``.W.upgrading-…``)."""
+    return sorted(glob.glob(glob.escape(str(path.with_name(f".{path.name}.upgrading-"))) + "*"))
+
+
 def _finish_upgrade(path: Path) -> None:
     """Complete an upgrade cut short between its two renames: the old file is already inside
     the new directory, which did not yet take the path."""
     if _stat(path) is not None:
         return
-    pattern = glob.escape(str(path.with_name(f".{path.name}.upgrading-"))) + "*"
-    for name in sorted(glob.glob(pattern)):
+    for name in _upgrades_beside(path):
         done = Path(name)
         if (done / catalog.UPGRADED).is_file() and (done / LEGACY_NAME).is_file():
             try:
@@ -1068,9 +1282,11 @@ def create_views(con: duckdb.DuckDBPyConnection, path: Path) -> None:
 
 def _dependency_order(views: dict[str, str]) -> list[str]:
     """Views that read other views come after them (a view may build on another)."""
-    deps = {name: {other for other in views
-                   if other != name and re.search(rf"\b{other}\b", sql)}
-            for name, sql in views.items()}
+    # A view reads another when the other's name is one of its words (``\\b name \\b``): the
+    # words of each view once, not one search per pair (a fresh process pays this on every open).
+    words = {name: set(re.findall(r"\w+", sql)) for name, sql in views.items()}
+    deps = {name: {other for other in views if other != name and other in words[name]}
+            for name in views}
     for cache in materialise.CACHED:  # a cached view reads its live view's table; the live
         if cache.view in deps:        # view's own words about the view are no reading of it
             deps[cache.view] = {cache.live, *(d for d in deps[cache.view] if d != cache.live)}

@@ -7,6 +7,7 @@ Modules:
   options, the consoles, the default warehouse;
 - ``runs``: ``plan``, ``sweep``, ``status``, ``cancel``;
 - ``results``: ``ingest``, ``query``, ``report``;
+- ``shell``: ``shell`` (the DuckDB client on the warehouse, read-only);
 - ``environments``: ``envs``, ``build``, ``images`` and the ``engine`` group;
 - ``analysis``: ``compare``, ``advise``;
 - ``data``: the ``data`` group (``import``, ``list``);

@@ -12,6 +12,7 @@ from matrun.runner.cli import runs  # noqa: F401  plan, sweep, status, cancel
 from matrun.runner.cli import doctor  # noqa: F401  doctor
 from matrun.runner.cli import studies  # noqa: F401  studies
 from matrun.runner.cli import results  # noqa: F401  ingest, query, report
+from matrun.runner.cli import shell  # noqa: F401  shell
 from matrun.runner.cli import export  # noqa: F401  export
 from matrun.runner.cli import data  # noqa: F401  the data group
 from matrun.runner.cli import environments  # noqa: F401  envs, build, images; the engine group

@@ -1,8 +1,9 @@
-"""``matrun warehouse init|info|compact``: a warehouse several hosts share, what a warehouse
-holds, and compacting its files now.
+"""``matrun warehouse init|info|compact|upgrade``: a warehouse several hosts share, what a
+warehouse holds, compacting its files now, and bringing it up to this matrun.
 
-Thin wrappers over ``warehouse/catalog.py`` (``create_shared``, ``lake_info``) and
-``warehouse/maintenance.py`` (docs/WAREHOUSE.md "Several hosts", docs/CLI.md).
+Thin wrappers over ``warehouse/catalog.py`` (``create_shared``, ``lake_info``),
+``warehouse/maintenance.py`` and ``warehouse/db.py`` (``upgrade_warehouse``); docs/WAREHOUSE.md
+"Several hosts" and "Upgrading", docs/CLI.md.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import typer
 
 from matrun.runner.cli.common import WarehouseOpt, command, group, resolve_warehouse
 from matrun.warehouse import catalog
-from matrun.warehouse.db import database_error, migrations, open_warehouse
+from matrun.warehouse.db import database_error, migrations, open_warehouse, upgrade_warehouse
 from matrun.warehouse.maintenance import KEEP_SNAPSHOTS, Compaction, maintain
 
 warehouse_app = group(
@@ -57,8 +58,14 @@ def info(warehouse: WarehouseOpt = None) -> None:
         facts = catalog.lake_info(wh.con)
     for key, value in info_lines(lay, facts):
         typer.echo(f"{key:<12}{value}")
-    typer.echo(f"a plain client (DuckDB {duckdb.__version__}) reads it with `duckdb -init "
-               f"{lay.path / catalog.ATTACH_SQL}`, or runs:")
+    if catalog.stale_attach_sql(lay):
+        typer.echo(f"note: {catalog.ATTACH_SQL} is an older matrun's (it names the place it was written in, "
+                   f"not where the warehouse is now); the next write rewrites it (matrun warehouse upgrade)")
+    line = (f"cd {lay.path} && duckdb -init {catalog.ATTACH_SQL}" if lay.local
+            else f"duckdb -init {lay.path / catalog.ATTACH_SQL}")
+    typer.echo(f"a plain client (DuckDB {duckdb.__version__} with the ducklake and "
+               f"{'sqlite' if lay.local else 'postgres'} extensions installed) reads it with `{line}`; "
+               "`matrun shell` opens it from anywhere; in a client here, these statements open it:")
     for statement in catalog.attach_statements(lay, read_only=True):
         typer.echo(f"  {statement};")
 
@@ -108,3 +115,16 @@ def _compact(con: duckdb.DuckDBPyConnection, path: Path) -> Compaction:
         if catalog.is_conflict(exc):
             raise catalog.WriterConflict(" ".join(str(exc).split())) from None
         raise database_error(path, exc) from None
+
+
+@command(warehouse_app, "upgrade")
+def upgrade(
+    warehouse: WarehouseOpt = None,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for another writer to finish.")] = 0.0,
+) -> None:
+    """Bring a warehouse up to this matrun now: upgrade an older matrun's single-file warehouse, migrations, views."""
+    path = resolve_warehouse(warehouse)
+    done, version = upgrade_warehouse(path, wait_s=wait)
+    for line in done:
+        typer.echo(f"warehouse {path}: {line}")
+    typer.echo(f"warehouse {path}: schema version {version}, with this matrun's views")

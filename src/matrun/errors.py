@@ -43,6 +43,12 @@ class WarehouseLocked(WarehouseError):
     """Another process holds the warehouse for writing."""
 
 
+class NotAWarehouse(InputError, WarehouseError):
+    """The warehouse path names something that is not a matrun warehouse (a file of another
+    kind, a directory without a DuckLake catalog, a path that does not exist for a command
+    that only reads): bad input, exit 2; found without writing anything."""
+
+
 class BundleError(MatrunError):
     """A result bundle on disk is corrupt, half-written or of an unknown schema."""
 
