@@ -50,7 +50,9 @@ def test_cpu_cell_container_is_exact(tmp_path):
     run = str(tmp_path / "run")
     assert kwargs == {
         "image": IMAGE.image_id,
-        "command": ["python3", "-m", "matrun.runner.harness", "--spec", f"{run}/spec.json", "--out", run],
+        # the cell's lease is its stdin (runner/harness/lease.py), held by the executor
+        "command": ["python3", "-m", "matrun.runner.harness", "--spec", f"{run}/spec.json", "--out", run,
+                    "--lease-fd", "0"],
         "environment": {
             "PATH": "/opt/venv/bin:/usr/bin:/bin", "HOME": "/tmp",
             "PYTHONPATH": HARNESS_MOUNT, "PYTHONNOUSERSITE": "1", "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "7",
@@ -69,7 +71,7 @@ def test_cpu_cell_container_is_exact(tmp_path):
                     run: {"bind": run, "mode": "rw"},
                     str(data): {"bind": str(data), "mode": "ro"}},
         "labels": {"matrun.sweep": "s", "matrun.cell": "c" * 16, "matrun.run": "0-1", "matrun.role": "cell"},
-        "stdin_open": False,
+        "stdin_open": True,  # OpenStdin + StdinOnce: closed by the engine when the executor's attachment ends
         "cpuset_cpus": "0,1",
         "mem_limit": "2g",
         "memswap_limit": "2g",

@@ -1,10 +1,6 @@
-"""The docker executor under faults, for real (issue 11).
+"""The docker executor under faults, for real (issue 11).  kill -9 of a sweep and the
+containers it leaves: tests/test_docker_orphans.py.
 
-- kill -9 of `matrun sweep --executor docker` (its whole process group) mid-cell: the cell's
-  container keeps training; the next sweep stops and removes it before it runs anything,
-  records the killed attempt `cancelled` ("container of a sweep that died (pid …)"), ingests it
-  and runs the cell again, once.  A container whose sweep still runs is left alone, one that
-  exited on its own after its sweep died is recorded too.
 - The Docker engine stopped mid-cell and left down: the run is recorded `failed` ("the Docker
   engine at … stopped answering mid-cell") and the sweep stops with an `Error:` line (exit 1)
   within its grace period, no traceback; once the engine is back the next sweep removes the
@@ -24,7 +20,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 import uuid
@@ -33,12 +28,11 @@ from pathlib import Path
 import pytest
 
 from matrun.runner.environments import engine
-from matrun.runner.executors.docker import DockerExecutor, Owner
+from matrun.runner.executors.docker import DockerExecutor
 from matrun.runner.executors.outcomes import RunAborted
 from matrun.runner.executors.protocol import RunRequest
 from matrun.runner.planning.matrix import parse_matrix
-from matrun.warehouse.bundles.layout import RESULT, SPEC, STDERR, STDOUT
-from matrun.warehouse.bundles.read import load_bundle
+from matrun.warehouse.bundles.layout import SPEC, STDERR
 from matrun.warehouse.bundles.write import write_json_atomic
 
 from conftest import built_image
@@ -103,94 +97,12 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-# --- who owns a container ------------------------------------------------------------------
-
-def test_the_owner_of_a_container_is_alive_only_while_that_very_process_runs():
-    me = Owner.this_process()
-    assert Owner.parse(me.label()) == me and me.alive() is True
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    dead = Owner(me.host, me.boot, child.pid, me.start)
-    assert dead.alive() is False  # the PID is gone
-    assert Owner(me.host, me.boot, me.pid, str(int(me.start) + 1)).alive() is False  # the PID reused
-    assert Owner(me.host, "another-boot", me.pid, me.start).alive() is False  # the host rebooted since
-    assert Owner("another-host", me.boot, child.pid, me.start).alive() is None  # not this host's to judge
-    for junk in (None, "", "pid 12", "{}", '{"host": "h", "boot": "b", "pid": "x", "start": "1"}', "[1]"):
-        assert Owner.parse(junk) is None
-
-
-def test_no_engine_means_nothing_to_reap_and_a_sweep_says_so_in_one_line(tmp_path):
-    missing = f"unix://{tmp_path}/none.sock"
-    assert DockerExecutor(docker_host=missing).reap_orphans(log=print) == []
-    write_matrix(tmp_path, "")
-    proc = subprocess.run([*MATRUN, "sweep"], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "DOCKER_HOST": missing})
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert f"Error: no Docker engine: {tmp_path}/none.sock does not exist" in proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-# --- kill -9 of a docker sweep (the shared engine, the torch image) ----------------------------
+# --- the shared engine, the torch image -------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def torch_ready(docker_client):
     built_image(docker_client, "torch", "cpu")
     return docker_client
-
-
-@pytest.mark.slow
-def test_kill_9_of_a_docker_sweep_then_the_next_sweep_stops_records_and_reruns_the_orphan(tmp_path, torch_ready):
-    client = torch_ready
-    # ~30 s of training: still running when the next sweep starts
-    name = write_matrix(tmp_path, "synthetic_train = 8192\nepochs = 8\n", drop=("synthetic_train", "epochs"))
-    sweep = start_sweep(tmp_path)
-    try:
-        (container,) = wait_for(lambda: [c for c in labelled(client, name) if c.status == "running"],
-                                "running container", 120, sweep)
-        time.sleep(2.0)  # mid-cell
-        os.killpg(sweep.pid, signal.SIGKILL)
-        sweep.wait()
-    finally:
-        stop(sweep)
-    container.reload()
-    assert container.status == "running"  # the orphan: nobody watches it now
-    labels = container.labels
-    assert Owner.parse(labels["matrun.owner"]).pid == sweep.pid
-    killed_dir = Path(labels["matrun.run_dir"])
-    assert killed_dir.parent.parent == tmp_path / "results" / name and not (killed_dir / RESULT).exists()
-
-    again = subprocess.run([*MATRUN, "sweep"], cwd=tmp_path, capture_output=True, text=True)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "Traceback" not in again.stderr
-    assert labelled(client, name) == []
-    runs = results(tmp_path, name)
-    assert sorted((key.split("/")[1], r["status"]) for key, r in runs.items()) == [("0-1", "cancelled"), ("0-2", "ok")]
-    orphan = runs[f"{killed_dir.parent.name}/0-1"]
-    assert f"[matrun] container of a sweep that died (pid {sweep.pid} on " in orphan["error_tail"]
-    assert orphan["executor"] == "docker" and orphan["image"]["id"] == container.attrs["Image"]
-    assert (killed_dir / STDERR).exists() and (killed_dir / STDOUT).exists()
-    assert {p.stat().st_uid for p in killed_dir.iterdir()} == {killed_dir.parent.stat().st_uid}
-    load_bundle(killed_dir)  # a whole, valid bundle
-    # recorded before the catch-up: in the warehouse with the run that replaced it, ok once
-    rows = sql(tmp_path / "matrun.duckdb", "SELECT attempt, status, error_tail FROM runs ORDER BY attempt")
-    assert [(a, s) for a, s, _ in rows] == [(1, "cancelled"), (2, "ok")]
-    assert "container of a sweep that died" in rows[0][2]
-    third = subprocess.run([*MATRUN, "sweep"], cwd=tmp_path, capture_output=True, text=True)
-    assert "0 runs (nothing to run); 1 already done" in third.stdout, third.stdout + third.stderr
-
-
-_RUN_SCRIPT = textwrap.dedent("""
-    import json, sys
-    from pathlib import Path
-    from matrun.runner.executors.protocol import RunRequest
-    from matrun.runner.executors.docker import DockerExecutor
-    run_dir, p = Path(sys.argv[1]), json.loads(sys.argv[2])
-    try:
-        DockerExecutor().run(RunRequest(run_dir=run_dir, params=p, env_id="e", timeout=300,
-                                        data_dir=Path("/nonexistent")))
-    except KeyboardInterrupt:
-        pass
-""")
 
 
 CELL = "c" * 16
@@ -200,54 +112,6 @@ def write_spec(run_dir: Path, p: dict, sweep: str) -> None:
     run_dir.mkdir(parents=True)
     write_json_atomic(run_dir / SPEC, {"schema_version": 1, "sweep": sweep, "cell_id": CELL, "repeat": 0,
                                        "attempt": 1, "env_id": "e", "data_dir": "/nonexistent", "params": p})
-
-
-@pytest.mark.slow
-def test_a_live_sweeps_container_is_left_alone_and_a_dead_ones_that_exited_is_recorded(tmp_path, torch_ready):
-    client = torch_ready
-    reaper = DockerExecutor(client)
-    said: list[str] = []
-    live_sweep, dead_sweep = f"live-{uuid.uuid4().hex[:10]}", f"dead-{uuid.uuid4().hex[:10]}"
-    live_dir, dead_dir = (tmp_path / live_sweep / CELL / "0-1", tmp_path / dead_sweep / CELL / "0-1")
-    write_spec(live_dir, params(**LONG), live_sweep)
-    write_spec(dead_dir, params(), dead_sweep)
-    live = subprocess.Popen([sys.executable, "-c", _RUN_SCRIPT, str(live_dir), json.dumps(params(**LONG))],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    dead = subprocess.Popen([sys.executable, "-c", _RUN_SCRIPT, str(dead_dir), json.dumps(params())],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: [c for c in labelled(client, live_sweep) if c.status == "running"], "live container",
-                 120, live)
-        (orphan,) = wait_for(lambda: [c for c in labelled(client, dead_sweep) if c.status == "running"],
-                             "container", 120, dead)
-        dead.send_signal(signal.SIGKILL)
-        dead.wait()
-        # the tiny cell ends on its own, with nobody to record it
-        wait_for(lambda: orphan.reload() or orphan.status == "exited", "the orphan's exit", 120)
-        recorded = reaper.reap_orphans(log=said.append)
-        assert [c.status for c in labelled(client, live_sweep)] == ["running"]  # its sweep runs
-        assert labelled(client, dead_sweep) == []
-    finally:
-        if live.poll() is None:
-            live.send_signal(signal.SIGINT)
-        live.communicate(timeout=60)
-        dead.kill()
-    assert labelled(client, live_sweep) == []
-    # Any docker sweep on this engine reaps it (those of tests running beside this one too): the
-    # record is the same whoever wrote it.
-    if recorded:
-        assert recorded == [dead_dir]
-        assert any(f"(pid {dead.pid} on " in line and "removed, its run recorded cancelled" in line
-                   for line in said), said
-    record = json.loads((dead_dir / RESULT).read_text())
-    assert record["status"] == "cancelled" and record["exit_code"] == 0
-    assert f"[matrun] container of a sweep that died (pid {dead.pid} on " in record["error_tail"]
-    assert "it had exited (exit code 0) with no sweep to watch or record it" in record["error_tail"]
-    assert record["wall_seconds"] > 0 and record["started_at"] < record["ended_at"]
-    assert "summary" in (dead_dir / "events.jsonl").read_text()  # it finished, but no sweep measured it
-    load_bundle(dead_dir)
-    # reaping again finds nothing; a recorded run is never written twice
-    assert reaper.reap_orphans(log=said.append) == []
 
 
 # --- faults of the engine and of the container, one executor call each ------------------------

@@ -280,7 +280,7 @@ def test_docker_runs_every_worker_in_one_container_without_network(tmp_path):
                               stage=Path("/stage"), labels=CellLabels("s", "c", "0-1"), user="1:1", plan=plan)
     assert kwargs["network_mode"] == "none" and kwargs["cpuset_cpus"] == "0,1"
     assert kwargs["command"] == ["python3", "-m", "matrun.runner.harness", "--spec", str(tmp_path / "spec.json"),
-                                 "--out", str(tmp_path), "--launch", str(plan)]
+                                 "--out", str(tmp_path), "--lease-fd", "0", "--launch", str(plan)]
 
 
 def test_host_rendezvous_variables_never_reach_a_cell():

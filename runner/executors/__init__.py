@@ -15,15 +15,18 @@ Modules:
   ``exchange_peers``) and the refusal of what one host cannot run (``host_refusal``).
 - ``local``: the local executor (a subprocess in the variant's virtual environment; the cell's
   environment, ``cell_environment``, and command line, ``harness_command``).
-- ``docker``: the docker executor (a container of the variant's image; ``container_kwargs``).
-- ``registry``: executors by name (``get_executor``, ``auto``) and ``reap_orphans`` (the
-  containers of a sweep that died, stopped, removed and recorded before the next sweep runs).
+- ``docker``: the docker executor (a container of the variant's image; ``container_kwargs``;
+  the cell's lease on its stdin, ``_Lease``).
+- ``orphans``: ``reap_orphans``, the containers of a sweep that died, stopped, recorded and
+  removed before the next local or docker sweep runs anything.
+- ``registry``: executors by name (``get_executor``, ``auto``).
 
 Imports: ``matrun.errors``, ``matrun.frameworks``, ``matrun.warehouse.bundles`` (file names,
 writers), ``matrun.runner.harness`` (its standard-library launch, distributed-training and
-cpuset helpers), ``matrun.runner.environments``.  Two edges go to
-``matrun.runner.slurm``: ``docker`` takes the Slurm label names from ``slurm.epilog`` (the
-epilog finds a killed task's containers by them) and ``registry`` names ``SlurmExecutor``.
+cpuset helpers, the lease's words), ``matrun.runner.environments``.  Three edges go to
+``matrun.runner.slurm``: ``docker`` and ``orphans`` take the Slurm label names from
+``slurm.epilog`` (the epilog finds a killed task's containers by them) and ``registry`` names
+``SlurmExecutor``.
 Nothing here imports the sweep or the CLI; the Docker SDK is imported inside the functions
 that talk to an engine (an optional dependency).
 """

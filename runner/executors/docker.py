@@ -27,10 +27,12 @@ Faults (docs/EXECUTORS.md "Faults"):
   and ``RunAborted`` stops the sweep.  A stopping engine first kills its containers, and may
   answer that wait: a cell killed by SIGTERM / SIGKILL that matrun did not send is followed by
   a few seconds' watch of the engine (``_watch_aftermath``).
-- Every container carries ``matrun.owner`` (host, boot, PID and start time of the process that
-  started it) and ``matrun.run_dir``.  ``reap_orphans`` (the sweep, before its catch-up) stops
-  and removes the containers of owners that are dead (a ``kill -9`` of the sweep) and records
-  their runs ``cancelled``; containers of a live sweep, or of another host, are left alone.
+- ``kill -9`` of the sweep: the container's stdin is the cell's lease (``_Lease``, attached
+  before the start, ``OpenStdin`` + ``StdinOnce``): when this process dies the engine closes it
+  and the harness stops the cell (runner/harness/lease.py).  Every container carries
+  ``matrun.owner`` (host, boot, PID and start time of the process that started it) and
+  ``matrun.run_dir``: the next sweep stops, records and removes what a dead owner left
+  (runner/executors/orphans.py).
 - The engine refusing the container, the image removed, the container removed or killed from
   outside: a failed run with the reason, never a traceback.
 """
@@ -39,7 +41,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -51,7 +52,7 @@ from matrun.errors import EnvironmentBuildError, MatrunError
 from matrun.runner.environments.engine import EngineUnavailable, connect, engine_url
 from matrun.runner.environments.contexts import LABEL as IMAGE_LABEL, image_repository, recipe_hash
 from matrun.runner.environments.home import HARNESS_MOUNT, stage_harness
-from matrun.runner.executors.local import cell_environment, harness_command
+from matrun.runner.executors.local import LEASE_FD, cell_environment, harness_command
 from matrun.runner.executors.energy import EnergyMonitor, MonitorPair
 from matrun.runner.executors.monitor_cgroup import CgroupMonitor
 from matrun.runner.executors.outcomes import RunAborted, error_tail, refused_outcome, run_status
@@ -59,8 +60,8 @@ from matrun.runner.executors.protocol import RunOutcome, RunRequest, SyncExecuto
 from matrun.runner.executors.workers import host_refusal, write_plan
 from matrun.runner.harness.cpusets import parse_cpuset as cpuset_cpus
 from matrun.runner.slurm.epilog import CLUSTER_LABEL as SLURM_CLUSTER_LABEL, JOB_LABEL as SLURM_JOB_LABEL
-from matrun.warehouse.bundles.layout import GPU, MONITOR, RESULT, SCHEMA_VERSION, SPEC, STDERR, STDOUT
-from matrun.warehouse.bundles.write import fsync_dir, tail_text, write_json_atomic
+from matrun.warehouse.bundles.layout import GPU, MONITOR, SCHEMA_VERSION, SPEC, STDERR, STDOUT
+from matrun.warehouse.bundles.write import tail_text, write_json_atomic
 
 if TYPE_CHECKING:
     import docker
@@ -82,7 +83,6 @@ _AFTERMATH_S = 3.0
 OWNER_LABEL = "matrun.owner"
 RUN_DIR_LABEL = "matrun.run_dir"
 ROLE_LABEL = "matrun.role"
-_ENGINE_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)\Z")
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,8 @@ def container_kwargs(params: Mapping[str, Any], *, image: ImageRef, run_dir: Pat
         volumes[str(data_dir)] = {"bind": str(data_dir), "mode": "ro"}
     kwargs: dict[str, Any] = {
         "image": image.image_id,
-        "command": harness_command(Path("python3"), run_dir, plan),  # the image's PATH finds its venv first
+        # the image's PATH finds its venv first; the lease is the container's stdin (``_Lease``)
+        "command": harness_command(Path("python3"), run_dir, plan, lease_fd=LEASE_FD),
         "environment": env,
         "working_dir": str(run_dir),
         "user": user,
@@ -240,7 +241,7 @@ def container_kwargs(params: Mapping[str, Any], *, image: ImageRef, run_dir: Pat
         "shm_size": shm_size,
         "volumes": volumes,
         "labels": labels.as_dict(),
-        "stdin_open": False,
+        "stdin_open": True,  # with the SDK's detach left False: StdinOnce, closed when the lease ends
     }
     cpus = cpuset_cpus(params.get("cpuset") or "")
     if cpus:
@@ -277,6 +278,34 @@ def _labels(run_dir: Path, slurm: tuple[str, str] = ("", "")) -> CellLabels:
         return CellLabels("", run_dir.parent.name, run_dir.name, *slurm, **mine)
 
 
+class _Lease:
+    """The cell's lease (runner/harness/lease.py) on the docker side: the container's stdin,
+    attached before it starts and held while the executor waits for it.  The container is
+    created with ``OpenStdin`` and ``StdinOnce``, so the engine closes its stdin when this
+    attachment ends: when the run is over (``release``), or — ``kill -9`` of the sweep, of a
+    Slurm task — when the kernel closes this process's socket.  The harness then reads
+    end-of-file and stops the cell.  Nothing is ever written to it."""
+
+    def __init__(self) -> None:
+        self._socket: Any = None
+
+    def hold(self, container: Any) -> None:
+        self._socket = container.attach_socket(params={"stdin": 1, "stream": 1})
+
+    def release(self) -> None:
+        """End the attachment (shut down, so the engine sees it end whatever else holds the
+        socket) and close it; nothing when none is held."""
+        if self._socket is None:
+            return
+        raw = getattr(self._socket, "_sock", self._socket)  # the SDK's SocketIO over a unix socket
+        for end in (lambda: raw.shutdown(socket.SHUT_RDWR), self._socket.close, raw.close):
+            try:
+                end()
+            except OSError:
+                pass
+        self._socket = None
+
+
 class _EngineSilent(Exception):
     """The engine answered nothing for the executor's grace period (internal to ``run``)."""
 
@@ -285,7 +314,7 @@ class _ContainerGone(Exception):
     """The cell's container vanished from the engine mid-cell (``docker rm -f`` from outside)."""
 
 
-def _no_answer(exc: BaseException) -> bool:
+def no_answer(exc: BaseException) -> bool:
     """Whether an error of the Docker SDK means the engine did not answer at all (stopped,
     restarting, its socket gone), rather than answering with a refusal (``APIError``)."""
     import requests
@@ -368,7 +397,7 @@ class DockerExecutor(SyncExecutor):
             raise EnvironmentBuildError(f"the Docker engine at {self.url} refused to list the images of "
                                         f"{framework}:{variant}: {exc}") from None
         except Exception as exc:
-            if not _no_answer(exc):
+            if not no_answer(exc):
                 raise
             raise EngineUnavailable(f"the Docker engine at {self.url} did not answer while looking for "
                                     f"the image of {framework}:{variant}: {exc}") from None
@@ -396,125 +425,16 @@ class DockerExecutor(SyncExecutor):
         None; the sweep asks before anything runs."""
         return host_refusal(params, self.name)
 
-    # --- containers a dead sweep left ----------------------------------------------------------
-
-    def reap_orphans(self, *, log: Callable[[str], None]) -> list[Path]:
-        """Stop and remove every cell container whose owner (``matrun.owner``) is dead — left by a
-        sweep or Slurm task killed with SIGKILL, still training beside whatever runs now — and
-        record its run ``cancelled`` (``result.json``, unless one exists; a Slurm task's run is
-        left to the Slurm tracker, which records it from Slurm's state).  Containers of a live
-        process, of another host, or without an owner label (an older matrun) are left alone.
-        Returns the run directories recorded.  No engine answering: nothing runs there, nothing
-        to do."""
-        try:
-            found = self.client.api.containers(all=True, filters={"label": f"{ROLE_LABEL}=cell"})
-        except MatrunError:  # no engine (or none matrun may use): prepare() says so if cells need one
-            return []
-        except Exception as exc:  # the engine went away or refused: nothing reaped now, the next sweep tries
-            if not _no_answer(exc):
-                log(f"warning: the Docker engine at {self.url} did not list its containers: {exc}")
-            return []
-        recorded = []
-        for entry in found:
-            labels = entry.get("Labels") or {}
-            owner = Owner.parse(labels.get(OWNER_LABEL))
-            if owner is None:
-                log(f"warning: container {entry['Id'][:12]} of sweep {labels.get('matrun.sweep', '?')!r} has no "
-                    f"{OWNER_LABEL} label (started by an older matrun): left alone; `docker rm -f "
-                    f"{entry['Id'][:12]}` removes it if no sweep runs it")
-                continue
-            if owner.alive() is not False:
-                continue
-            try:
-                run_dir = self._reap(entry["Id"], labels, owner, log)
-            except Exception as exc:  # one container that cannot be reaped does not stop the others
-                log(f"warning: could not remove container {entry['Id'][:12]} of a sweep that died "
-                    f"({owner.describe()}): {exc}")
-                continue
-            if run_dir is not None:
-                recorded.append(run_dir)
-        return recorded
-
-    def _reap(self, container_id: str, labels: Mapping[str, str], owner: Owner,
-              log: Callable[[str], None]) -> Path | None:
-        import docker
-
-        try:
-            container = self.client.containers.get(container_id)
-        except docker.errors.NotFound:  # removed in between (another sweep reaping it too)
-            return None
-        state = dict(container.attrs.get("State") or {})
-        running = bool(state.get("Running") or state.get("Paused") or state.get("Restarting"))
-        if running:
-            try:
-                container.kill()
-                container.wait(timeout=30)
-            except Exception:  # exited in between, or cannot be waited for: remove(force) kills it
-                pass
-        what = (f"container {container.short_id} (sweep {labels.get('matrun.sweep', '?')!r}, cell "
-                f"{labels.get('matrun.cell', '?')}, run {labels.get('matrun.run', '?')}) of a sweep that died "
-                f"({owner.describe()})")
-        run_dir = Path(labels.get(RUN_DIR_LABEL) or "")
-        recorded = None
-        if SLURM_JOB_LABEL not in labels and run_dir.is_absolute():
-            recorded = self._record_orphan(container, state, running, owner, labels, run_dir)
-        _remove(container)
-        if recorded:
-            log(f"stopped {what}: {'it was still running; ' if running else ''}removed, its run recorded "
-                f"cancelled in {run_dir}")
-            return run_dir
-        log(f"removed {what}" + ("" if running else " (it had exited)"))
-        return None
-
-    def _record_orphan(self, container: Any, state: Mapping[str, Any], running: bool, owner: Owner,
-                       labels: Mapping[str, str], run_dir: Path) -> bool:
-        """Write the orphan's ``result.json`` (cancelled) and its logs; False when the directory
-        is not the run the labels name, or the run was already recorded."""
-        try:
-            spec = json.loads((run_dir / SPEC).read_text())
-            if (spec["sweep"], spec["cell_id"], f"{spec['repeat']}-{spec['attempt']}") != (
-                    labels.get("matrun.sweep"), labels.get("matrun.cell"), labels.get("matrun.run")):
-                return False
-        except (OSError, ValueError, KeyError, TypeError):
-            return False
-        if (run_dir / RESULT).exists():
-            return False
-        _save_logs(container, run_dir)
-        _give_back(run_dir, run_dir.parent.stat())
-        started = _engine_time(state.get("StartedAt")) or datetime.fromtimestamp(
-            (run_dir / SPEC).stat().st_mtime, timezone.utc)
-        ended = (_engine_time(state.get("FinishedAt")) if not running else None) or datetime.now(timezone.utc)
-        exit_code = None if running else state.get("ExitCode")
-        how = ("it was still running: stopped and removed" if running else
-               f"it had exited (exit code {exit_code}) with no sweep to watch or record it: removed")
-        note = (f"[matrun] container of a sweep that died ({owner.describe()}): {how} by the sweep of pid "
-                f"{os.getpid()} before it ran anything; the run does not count (nothing monitored or "
-                "recorded its end), the cell is run again")
-        record = {
-            "schema_version": SCHEMA_VERSION, "sweep": spec["sweep"], "cell_id": spec["cell_id"],
-            "repeat": spec["repeat"], "attempt": spec["attempt"], "env_id": spec.get("env_id", ""),
-            "executor": self.name, "status": "cancelled", "exit_code": exit_code,
-            "error_tail": f"{tail_text(run_dir / STDERR)}\n{note}".lstrip("\n"),
-            "started_at": started.isoformat(), "ended_at": ended.isoformat(),
-            "wall_seconds": round(max(0.0, (ended - started).total_seconds()), 3),
-            "host": {"hostname": owner.host}, "monitor": {}, "image": self._image_record(container),
-        }
-        return _write_json_new(run_dir / RESULT, record)
-
-    def _image_record(self, container: Any) -> dict[str, Any]:
-        image_id = str(container.attrs.get("Image") or "")
-        try:
-            found = self.client.images.get(image_id)
-        except Exception:  # the image is gone: its ID is all there is
-            return {"tag": image_id, "id": image_id, "repo_digests": [], "content_hash": ""}
-        labels = (found.attrs.get("Config") or {}).get("Labels") or {}
-        return {"tag": found.tags[0] if found.tags else image_id, "id": found.id,
-                "repo_digests": list(found.attrs.get("RepoDigests") or ()),
-                "content_hash": labels.get(f"{IMAGE_LABEL}.content-hash", "")}
-
     # --- one cell ------------------------------------------------------------------------------
 
     def run(self, request: RunRequest) -> DockerRunOutcome:
+        lease = _Lease()  # held from before the container starts until the run is over
+        try:
+            return self._run(request, lease)
+        finally:
+            lease.release()
+
+    def _run(self, request: RunRequest, lease: _Lease) -> DockerRunOutcome:
         import docker
 
         params, run_dir = request.params, request.run_dir.absolute()
@@ -543,11 +463,11 @@ class DockerExecutor(SyncExecutor):
             engine still answers)."""
             aggregates = monitor.stop() if monitor is not None else {}
             if container is not None and remove:
-                _save_logs(container, run_dir)
-                _remove(container)
+                save_logs(container, run_dir)
+                remove_container(container)
             for name in (STDOUT, STDERR):
                 (run_dir / name).touch()
-            _give_back(run_dir, owner)
+            give_back(run_dir, owner)
             return DockerRunOutcome(
                 status="failed", exit_code=exit_code,
                 error_tail=f"{tail_text(run_dir / STDERR)}\n[matrun] {note}".lstrip("\n"),
@@ -558,11 +478,12 @@ class DockerExecutor(SyncExecutor):
         try:
             try:
                 container = self.client.containers.create(**kwargs)
+                lease.hold(container)
                 container.start()
             except docker.errors.APIError as exc:  # refused by the engine: a failed run, not a crash
                 return self._refused(exc, container, run_dir, owner, ref, started, t0)
             except Exception as exc:
-                if not _no_answer(exc):
+                if not no_answer(exc):
                     raise
                 back = self._await_engine()
                 container = container or self._container_of(labels)  # a create that reached the engine
@@ -582,7 +503,7 @@ class DockerExecutor(SyncExecutor):
             except docker.errors.NotFound:  # `docker rm -f`: killed, then removed
                 raise _ContainerGone() from None
             oom = bool(container.attrs["State"].get("OOMKilled"))
-            _save_logs(container, run_dir)
+            save_logs(container, run_dir)
         except _EngineSilent:
             when = "mid-cell" if monitor is not None else "as the cell's container was created"
             outcome = ended(f"the Docker engine at {self.url} stopped answering {when} and did not answer "
@@ -597,19 +518,19 @@ class DockerExecutor(SyncExecutor):
             return ended("the cell's container was removed mid-cell from outside matrun (docker rm -f?); "
                          "its logs went with it", remove=False)
         except (docker.errors.DockerException, OSError) as exc:  # an error answer, or one more lost answer
-            if not isinstance(exc, docker.errors.DockerException) and not _no_answer(exc):
+            if not isinstance(exc, docker.errors.DockerException) and not no_answer(exc):
                 raise  # an OSError of the bundle's own files (a full disk): the sweep's to report
             return ended(f"the Docker engine at {self.url} failed mid-cell: {exc}")
         except BaseException:  # Ctrl-C, SIGTERM as SystemExit
             if monitor is not None:
                 monitor.stop()
             if container is not None:
-                _save_logs(container, run_dir)
-                _remove(container)
-            _give_back(run_dir, owner)
+                save_logs(container, run_dir)
+                remove_container(container)
+            give_back(run_dir, owner)
             raise
-        _remove(container)
-        _give_back(run_dir, owner)
+        remove_container(container)
+        give_back(run_dir, owner)
         wall = time.monotonic() - t0
         status = "oom" if oom and not timed_out else run_status(exit_code, timed_out, run_dir, run_dir)
         write_json_atomic(run_dir / CONTAINER_JSON, {
@@ -628,12 +549,12 @@ class DockerExecutor(SyncExecutor):
     def _refused(self, exc: Exception, container: Any, run_dir: Path, owner: os.stat_result, ref: ImageRef,
                  started: datetime, t0: float) -> DockerRunOutcome:
         if container is not None:
-            _save_logs(container, run_dir)
-            _remove(container)
+            save_logs(container, run_dir)
+            remove_container(container)
         else:
             for name in (STDOUT, STDERR):
                 (run_dir / name).touch()
-        _give_back(run_dir, owner)
+        give_back(run_dir, owner)
         return DockerRunOutcome(
             status="failed", exit_code=None,
             error_tail=f"[matrun] the Docker engine did not start the cell's container: {exc}",
@@ -678,7 +599,7 @@ class DockerExecutor(SyncExecutor):
             try:
                 return call()
             except Exception as exc:
-                if not _no_answer(exc):
+                if not no_answer(exc):
                     raise
                 self._await_engine()
         return call()
@@ -722,7 +643,7 @@ class DockerExecutor(SyncExecutor):
             except Exception as exc:
                 if _read_timeout(exc):
                     continue
-                if _no_answer(exc) or not self._answers():
+                if no_answer(exc) or not self._answers():
                     self._await_engine()
                     continue
                 errors += 1  # an error answer: ask again, a few times
@@ -738,34 +659,7 @@ class DockerExecutor(SyncExecutor):
             return False
 
 
-def _engine_time(text: str | None) -> datetime | None:
-    """A time as the engine gives it (RFC 3339 with nanoseconds); None for its zero time or junk."""
-    match = _ENGINE_TIME.match(text or "")
-    if match is None or match[1].startswith("0001-"):
-        return None
-    zone = "+00:00" if match[3] == "Z" else match[3]
-    return datetime.fromisoformat(f"{match[1]}.{(match[2] or '0')[:6]:0<6}{zone}").astimezone(timezone.utc)
-
-
-def _write_json_new(path: Path, payload: Mapping[str, Any]) -> bool:
-    """Write JSON atomically, but only where no file of that name exists (two sweeps reaping
-    the same orphan write its record once); False when one did."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink()
-    fsync_dir(path.parent)
-    return True
-
-
-def _save_logs(container: Any, run_dir: Path) -> None:
+def save_logs(container: Any, run_dir: Path) -> None:
     for name, out, err in ((STDOUT, True, False), (STDERR, False, True)):
         try:
             (run_dir / name).write_bytes(container.logs(stdout=out, stderr=err))
@@ -773,14 +667,14 @@ def _save_logs(container: Any, run_dir: Path) -> None:
             (run_dir / name).touch()
 
 
-def _remove(container: Any) -> None:
+def remove_container(container: Any) -> None:
     try:
         container.remove(force=True)  # kills a running container first
     except Exception:
         pass
 
 
-def _give_back(run_dir: Path, owner: os.stat_result) -> None:
+def give_back(run_dir: Path, owner: os.stat_result) -> None:
     """Files the cell wrote as nobody go back to the bundle's owner."""
     if owner.st_uid != 0 or os.geteuid() != 0:
         return

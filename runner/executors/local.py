@@ -3,8 +3,10 @@ in the site's own Python for a ``variant = "system"`` cell (``runner/environment
 
 This is the embedded default, used where no Docker engine answers.  Where a cell's
 timeout is enforced: ``_wait`` below kills the cell's whole process group.  The cell gets
-its own session (process group) so it can be killed as a tree, and ``PR_SET_PDEATHSIG`` so
-it dies with the host even on SIGKILL of the sweep (no orphaned training keeps a core busy).
+its own session (process group) so it can be killed as a tree, ``PR_SET_PDEATHSIG`` so it
+dies with the host even on SIGKILL of the sweep, and a lease on its stdin (``LEASE_FD``,
+runner/harness/lease.py) so that its whole group dies with the host too: no orphaned training
+keeps a core busy.
 Matrix values reach the cell only through spec.json and environment variables, never a shell.
 """
 
@@ -44,6 +46,9 @@ _DROP_NAMES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS", "V
                "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PORT",
                *MATRUN_ENV)
 _POLL_S = 0.05
+#: The cell's lease (runner/harness/lease.py) is its stdin: the read end of a pipe the executor
+#: holds the write end of for the run (docker: the container's stdin, attached).
+LEASE_FD = 0
 
 
 def cell_environment(params: Mapping[str, Any], pythonpath: Path,
@@ -65,11 +70,16 @@ def cell_environment(params: Mapping[str, Any], pythonpath: Path,
     return env
 
 
-def harness_command(python: Path, run_dir: Path, plan: Path | None = None) -> list[str]:
+def harness_command(python: Path, run_dir: Path, plan: Path | None = None, *,
+                    lease_fd: int | None = None) -> list[str]:
     """The harness's command line; with a launch ``plan`` (a multi-worker cell) the harness is
-    the launcher of the cell's processes (runner/executors/workers.py)."""
+    the launcher of the cell's processes (runner/executors/workers.py); with ``lease_fd`` (the
+    executors: ``LEASE_FD``, stdin) it stops itself once that descriptor reaches end-of-file,
+    when the process that started it is gone (runner/harness/lease.py)."""
     run_dir = run_dir.absolute()
     command = [str(python), "-m", "matrun.runner.harness", "--spec", str(run_dir / SPEC), "--out", str(run_dir)]
+    if lease_fd is not None:
+        command += ["--lease-fd", str(lease_fd)]
     if plan is not None:
         command += ["--launch", str(plan.absolute())]
     return command
@@ -119,22 +129,31 @@ class LocalExecutor(SyncExecutor):
         out_dir = request.log_dir or run_dir
         t0 = time.monotonic()
         cell_env = cell_environment(params, stage_harness())
-        with open(out_dir / STDOUT, "wb") as out, open(out_dir / STDERR, "wb") as err:
-            proc = subprocess.Popen(
-                harness_command(python, run_dir, plan),
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=run_dir,
-                env=cell_env,
-                start_new_session=True, preexec_fn=child_setup(cpuset_cpus(params["cpuset"])),
-            )
-            monitor = MonitorPair(Monitor(proc.pid, out_dir / MONITOR),
-                                  EnergyMonitor(out_dir / GPU, params, cell_env)).start()
-            try:
-                exit_code, timed_out = _wait(proc, request.timeout)
-            except BaseException:  # Ctrl-C, SIGTERM turned into SystemExit: stop the cell first
-                _kill_group(proc)
-                monitor.stop()
-                raise
-            aggregates = monitor.stop()
+        # The lease: the cell's stdin is a pipe whose write end only this process holds (not
+        # inheritable); it closes when this process dies, however, and the cell stops itself.
+        lease, held = os.pipe()
+        try:
+            with open(out_dir / STDOUT, "wb") as out, open(out_dir / STDERR, "wb") as err:
+                try:
+                    proc = subprocess.Popen(
+                        harness_command(python, run_dir, plan, lease_fd=LEASE_FD),
+                        stdin=lease, stdout=out, stderr=err, cwd=run_dir,
+                        env=cell_env,
+                        start_new_session=True, preexec_fn=child_setup(cpuset_cpus(params["cpuset"])),
+                    )
+                finally:
+                    os.close(lease)
+                monitor = MonitorPair(Monitor(proc.pid, out_dir / MONITOR),
+                                      EnergyMonitor(out_dir / GPU, params, cell_env)).start()
+                try:
+                    exit_code, timed_out = _wait(proc, request.timeout)
+                except BaseException:  # Ctrl-C, SIGTERM turned into SystemExit: stop the cell first
+                    _kill_group(proc)
+                    monitor.stop()
+                    raise
+                aggregates = monitor.stop()
+        finally:
+            os.close(held)
         wall = time.monotonic() - t0
         # node k > 0 of a multi-node cell has no summary of its own: rank 0 writes the cell's
         status = run_status(exit_code, timed_out, run_dir, out_dir, summary=out_dir == run_dir)

@@ -1,10 +1,6 @@
-"""Executors by name.  ``auto`` resolves to the best one available on this host.  And what a
-dead sweep left running that an executor can find (``reap_orphans``)."""
+"""Executors by name.  ``auto`` resolves to the best one available on this host."""
 
 from __future__ import annotations
-
-from pathlib import Path
-from typing import Callable
 
 from matrun.errors import InputError
 from matrun.runner.environments.engine import engine_url, find_engine
@@ -46,13 +42,3 @@ def get_executor(name: str, *, docker_host: str | None = None,
             f"executor: {name} (job arrays; each task runs its cell with the {runtime} executor on its node)")
     return cls(), f"executor: {name}"
 
-
-def reap_orphans(runner: Executor, *, log: Callable[[str], None]) -> list[Path]:
-    """Before a sweep catches up and runs anything: stop what sweeps killed outright (SIGKILL)
-    left running and record those runs, so that the catch-up ingests them and nothing trains
-    beside the cells measured now.  The docker executor's containers
-    (``DockerExecutor.reap_orphans``); the local executor's cells die with their sweep
-    (``PR_SET_PDEATHSIG``) and Slurm's are the Slurm epilog's.  The run directories recorded."""
-    if isinstance(runner, DockerExecutor):
-        return runner.reap_orphans(log=log)
-    return []

@@ -15,6 +15,7 @@ networks; the host builds its own registries from these modules.
 - ``cpusets``: cpuset strings (``"0-1,3"``) parsed and written.
 - ``distributed``: multi-worker cells: who a process is, how batch, CPUs and threads split.
 - ``launch``: the in-cell launcher of a multi-worker cell's processes.
+- ``lease``: the watchdog that stops the cell once the sweep that started it is gone.
 - ``probe``: what is really in force (libraries, affinity, BLAS); the oneDNN check.
 - ``events``: the ``events.jsonl`` writer and the summary.
 - ``layers``: layer-by-layer timing (``layer_profile``).

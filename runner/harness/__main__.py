@@ -5,7 +5,10 @@ Exit codes: 0 the run finished (a diverged run included: the host decides the st
 nothing written); 1 any other failure (traceback and an ``Error:`` line on stderr; the
 events written so far stay in ``events.jsonl``); 143 killed by SIGTERM (the buffered
 steps are written first).  With ``--launch PLAN`` this process is the launcher of a
-multi-worker cell (``launch.py``): its exit code is the failing worker's, else 0.
+multi-worker cell (``launch.py``): its exit code is the failing worker's, else 0.  With
+``--lease-fd FD`` (both executors pass stdin) the cell stops itself once FD reaches
+end-of-file, i.e. once the sweep that started it is gone (``lease.py``; exit 137 where its
+own SIGKILL does not reach it).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
+from . import lease
 from .cell import run_cell
 from .errors import SpecError
 from .launch import LaunchError, run
@@ -35,13 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launch", type=Path, metavar="PLAN",
                         help="start the processes of a multi-worker cell as the host's plan "
                              "(workers.json) says, and wait for them (launch.py)")
+    parser.add_argument("--lease-fd", type=int, metavar="FD",
+                        help="a file descriptor the host holds the other end of: at its end-of-file (the "
+                             "host died) the cell stops itself (lease.py)")
     args = parser.parse_args(argv)
     # A TERM (the host's timeout) unwinds normally, so the buffered steps reach the file.
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.launch is not None:
         try:
-            return run(args.launch, args.spec)
+            return run(args.launch, args.spec, lease_fd=args.lease_fd)
         except LaunchError as exc:
             print(f"Error: {exc}", file=sys.stderr)
             return 1
@@ -49,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             print(f"Error: the launcher failed: {exc}", file=sys.stderr)
             return 1
+    if args.lease_fd is not None:
+        lease.watch(args.lease_fd)
     try:
         summary = run_cell(spec_path=args.spec, out_dir=args.out, started=started,
                            onednn_probe=args.onednn_probe)

@@ -18,6 +18,8 @@ launcher:
    worker's code (and an ``Error:`` line naming it); when every worker has finished, MXNet's
    scheduler and servers get ``PS_GRACE_S`` to finish, then are killed.  SIGTERM (the
    host's cancellation) is passed on to every process, which then has ``STOP_GRACE_S``.
+4. watches the host's lease (``--lease-fd``, ``lease.py``) once in its network namespace: the
+   host gone, the launcher kills its process group, workers included.
 
 Standard library only.
 """
@@ -36,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from . import lease
 
 STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"  # as warehouse/bundles/layout.py names them
 PS_GRACE_S = 20.0
@@ -135,8 +139,9 @@ def load_plan(path: Path) -> dict[str, Any]:
     return plan
 
 
-def run(plan_path: Path, spec_path: Path) -> int:
-    """Carry out the plan; the exit code of the cell (0: every worker finished ok)."""
+def run(plan_path: Path, spec_path: Path, *, lease_fd: int | None = None) -> int:
+    """Carry out the plan; the exit code of the cell (0: every worker finished ok).  ``lease_fd``:
+    the cell's lease (``lease.py``), watched once the process is in its network namespace."""
     plan = load_plan(plan_path)
     network = plan.get("network", "inherit")
     if network != "inherit":
@@ -149,6 +154,8 @@ def run(plan_path: Path, spec_path: Path) -> int:
                     f"but the kernel refused one: {exc}; run it with --executor docker") from None
             print(f"[matrun launcher] no private network namespace ({exc}); the workers use the host's "
                   "loopback interface", file=sys.stderr, flush=True)
+    if lease_fd is not None:  # a thread: only now that unshare() has run
+        lease.watch(lease_fd)
     print(f"[matrun launcher] {len(plan['processes'])} processes; network interfaces: "
           f"{', '.join(interfaces())}", file=sys.stderr, flush=True)
     procs: list[_Proc] = []

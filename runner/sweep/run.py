@@ -33,7 +33,8 @@ from typing import Any, Callable, Mapping, Sequence
 from matrun.errors import InputError, MatrunError, SweepLocked
 from matrun.runner.executors.outcomes import RunAborted, cancelled_outcome
 from matrun.runner.executors.protocol import AsyncExecutor, Executor, RunOutcome, RunRequest, SyncExecutor
-from matrun.runner.executors.registry import get_executor, reap_orphans
+from matrun.runner.executors.orphans import reap_orphans
+from matrun.runner.executors.registry import get_executor
 from matrun.runner.harness.cpusets import parse_cpuset
 from matrun.runner.planning.history import done_runs, durations
 from matrun.runner.planning.identity import PlannedCell, plan_cells
@@ -180,7 +181,7 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
         in_flight = {(v.cell_id, v.repeat) for v in jobs.refresh() if v.in_flight}
         summary.warnings.extend(jobs.warnings)
         elsewhere_queued = _queued_elsewhere(runner, matrix)
-    # containers of sweeps killed outright: stopped, their runs recorded for the catch-up (docker)
+    # containers of sweeps killed outright: stopped, their runs recorded for the catch-up
     reap_orphans(runner, log=lambda text: emit(SweepEvent("message", text)))
     _catch_up(sweep_dir, matrix, summary, emit)
     done = done_runs(matrix.sweep.warehouse)
