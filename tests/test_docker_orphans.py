@@ -2,7 +2,7 @@
 
 - The lease (runner/harness/lease.py): the watchdog kills the cell's process group when its
   lease reaches end-of-file, here with a pipe whose holder is killed with SIGKILL.  On the
-  docker side (``docker._Lease``) the container's stdin, attached with ``StdinOnce``, is closed
+  docker side (``docker.StdinLease``) the container's stdin, attached with ``StdinOnce``, is closed
   by the engine when its holder dies or lets go — shown with the base image and a shell.
 - A container whose sweep process died stops itself: a real cell (the torch image) run by the
   docker executor in a process killed with SIGKILL exits by itself, "[matrun harness] … is gone"
@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from matrun.runner.environments import engine
-from matrun.runner.executors.docker import DockerExecutor, Owner
+from matrun.runner.executors.docker import DockerExecutor, Owner, StdinLease
 from matrun.runner.executors.local import LocalExecutor
 from matrun.runner.executors.orphans import reap_containers, reap_orphans
 from matrun.runner.harness.lease import LEASE_LOST_EXIT, LEASE_LOST_MARK
@@ -157,9 +157,9 @@ def shell_cell(client, *, command: str, labels: dict[str, str] | None = None):
 
 _DOCKER_HOLDER = textwrap.dedent("""
     import os, sys, docker
-    from matrun.runner.executors.docker import _Lease
+    from matrun.runner.executors.docker import StdinLease
     container = docker.from_env().containers.get(sys.argv[1])
-    lease = _Lease()
+    lease = StdinLease()
     lease.hold(container)
     container.start()
     os.write(1, b"started\\n")
@@ -188,9 +188,8 @@ def test_the_engine_closes_a_cells_stdin_when_the_lease_holder_dies_or_lets_go(b
     container.remove(force=True)
 
     # the executor's own end of a run: release() ends the attachment the same way
-    from matrun.runner.executors.docker import _Lease  # noqa: PLC0415 (the executor's private holder)
     container = shell_cell(client, command=_READS_STDIN)
-    lease = _Lease()
+    lease = StdinLease()
     lease.hold(container)
     container.start()
     lease.release()

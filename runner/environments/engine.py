@@ -87,14 +87,14 @@ def engine_url(docker_host: str | None = None) -> str:
 def connect(docker_host: str | None = None, *, timeout: float = 10.0) -> "docker.DockerClient":
     """A client of the local engine that answered a ping; ``EngineUnavailable`` otherwise."""
     url = engine_url(docker_host)
+    parsed = urlparse(url)
+    if parsed.scheme == "unix" and not Path(parsed.path).exists():  # asked before the SDK's slow import
+        raise EngineUnavailable(f"no Docker engine: {parsed.path} does not exist "
+                                "(start one with `dockerd --bridge=none --iptables=false`)")
     try:
         import docker
     except ImportError as exc:
         raise EngineUnavailable("the Docker SDK is not installed (pip install docker)") from exc
-    parsed = urlparse(url)
-    if parsed.scheme == "unix" and not Path(parsed.path).exists():
-        raise EngineUnavailable(f"no Docker engine: {parsed.path} does not exist "
-                                "(start one with `dockerd --bridge=none --iptables=false`)")
     try:
         client = docker.DockerClient(base_url=url, timeout=int(timeout))
         client.ping()

@@ -16,7 +16,7 @@ Modules:
 - ``local``: the local executor (a subprocess in the variant's virtual environment; the cell's
   environment, ``cell_environment``, and command line, ``harness_command``).
 - ``docker``: the docker executor (a container of the variant's image; ``container_kwargs``;
-  the cell's lease on its stdin, ``_Lease``).
+  the cell's lease on its stdin, ``StdinLease``).
 - ``orphans``: ``reap_orphans``, the containers of a sweep that died, stopped, recorded and
   removed before the next local or docker sweep runs anything.
 - ``registry``: executors by name (``get_executor``, ``auto``).

@@ -27,7 +27,7 @@ Faults (docs/EXECUTORS.md "Faults"):
   and ``RunAborted`` stops the sweep.  A stopping engine first kills its containers, and may
   answer that wait: a cell killed by SIGTERM / SIGKILL that matrun did not send is followed by
   a few seconds' watch of the engine (``_watch_aftermath``).
-- ``kill -9`` of the sweep: the container's stdin is the cell's lease (``_Lease``, attached
+- ``kill -9`` of the sweep: the container's stdin is the cell's lease (``StdinLease``, attached
   before the start, ``OpenStdin`` + ``StdinOnce``): when this process dies the engine closes it
   and the harness stops the cell (runner/harness/lease.py).  Every container carries
   ``matrun.owner`` (host, boot, PID and start time of the process that started it) and
@@ -228,7 +228,7 @@ def container_kwargs(params: Mapping[str, Any], *, image: ImageRef, run_dir: Pat
         volumes[str(data_dir)] = {"bind": str(data_dir), "mode": "ro"}
     kwargs: dict[str, Any] = {
         "image": image.image_id,
-        # the image's PATH finds its venv first; the lease is the container's stdin (``_Lease``)
+        # the image's PATH finds its venv first; the lease is the container's stdin (``StdinLease``)
         "command": harness_command(Path("python3"), run_dir, plan, lease_fd=LEASE_FD),
         "environment": env,
         "working_dir": str(run_dir),
@@ -278,7 +278,7 @@ def _labels(run_dir: Path, slurm: tuple[str, str] = ("", "")) -> CellLabels:
         return CellLabels("", run_dir.parent.name, run_dir.name, *slurm, **mine)
 
 
-class _Lease:
+class StdinLease:
     """The cell's lease (runner/harness/lease.py) on the docker side: the container's stdin,
     attached before it starts and held while the executor waits for it.  The container is
     created with ``OpenStdin`` and ``StdinOnce``, so the engine closes its stdin when this
@@ -428,13 +428,13 @@ class DockerExecutor(SyncExecutor):
     # --- one cell ------------------------------------------------------------------------------
 
     def run(self, request: RunRequest) -> DockerRunOutcome:
-        lease = _Lease()  # held from before the container starts until the run is over
+        lease = StdinLease()  # held from before the container starts until the run is over
         try:
             return self._run(request, lease)
         finally:
             lease.release()
 
-    def _run(self, request: RunRequest, lease: _Lease) -> DockerRunOutcome:
+    def _run(self, request: RunRequest, lease: StdinLease) -> DockerRunOutcome:
         import docker
 
         params, run_dir = request.params, request.run_dir.absolute()

@@ -3,7 +3,7 @@
 A sweep (or a Slurm task) killed with SIGKILL cannot remove its cell's container.  Two things
 keep such an orphan from training beside the cells measured next:
 
-- **The lease** (runner/harness/lease.py, ``docker._Lease``): the container's stdin is attached
+- **The lease** (runner/harness/lease.py, ``docker.StdinLease``): the container's stdin is attached
   to the sweep for the run; when the sweep dies the engine closes it and the harness stops the
   cell within a second or so (exit 137, "[matrun harness] the process that started this cell
   … is gone" on its stderr).  The container stays, exited, with the bundle's last output.
