@@ -28,13 +28,13 @@ FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 SERIAL_FILES = {"test_machine_state.py", "test_doctor.py"}
 #: Session resources one worker holds: a test using the fixture joins the group.
 SHARED_GROUPS = {"slurm_cluster": "slurm"}
-#: The longest units first (measured with --durations on this 2-core machine).
-LONGEST_FIRST = [
-    "slurm", "test_studies_e2e.py", "test_theano.py", "test_docker_sweep.py", "test_docker_faults.py",
-    "test_chainer.py", "test_probe_blas.py", "test_build.py", "test_canary.py", "test_jax.py",
-    "test_tensorflow.py", "test_mxnet.py", "test_knobs.py", "test_workers.py", "test_harness.py",
-    "test_report_browser.py", "test_cli_output.py", "test_compare_advise.py", "test_sweep.py",
-    "test_sweep_faults.py", "test_docker_executor.py", "test_system_python.py",
+#: The longest units first (from --durations on this 2-core machine).
+LONGEST_FIRST = [  # the image builds take turns (engine.build_lock): image units alternate with local ones
+    "slurm", "test_studies_e2e.py", "test_theano.py", "test_chainer.py", "test_docker_sweep.py",
+    "test_canary.py", "test_probe_blas.py", "test_jax.py", "test_docker_faults.py", "test_tensorflow.py",
+    "test_build.py", "test_mxnet.py", "test_docker_orphans.py", "test_knobs.py", "test_docker_executor.py",
+    "test_workers.py", "test_harness.py", "test_report_browser.py", "test_cli_output.py",
+    "test_compare_advise.py", "test_sweep.py", "test_sweep_faults.py", "test_system_python.py",
 ]
 
 
