@@ -634,7 +634,7 @@ def test_cli_exits_1_when_a_bundle_was_skipped_unless_allowed(tmp_path: Path, al
     else:
         assert (res.returncode, res.stderr) == (1, skipped + (
             "Error: 1 bundle(s) skipped (reasons above); they stay on disk and are not in the "
-            "warehouse (--allow-skipped exits 0 all the same)\n"))
+            "warehouse (--quarantine sets them aside, --allow-skipped exits 0 all the same)\n"))
     assert rows(wh, "SELECT bundle_path FROM runs") == [(str(good.resolve()),)]
 
 
@@ -648,7 +648,8 @@ def test_cli_exits_1_when_every_bundle_was_skipped_or_conflicts(tmp_path: Path) 
     assert res.stdout == "ingested 0 run(s), 0 unchanged, 1 skipped, 0 incomplete\n"
     assert "conflict: run c0ffee0000000001/0-1 is already in the warehouse" in res.stderr
     assert res.stderr.endswith("Error: 1 bundle(s) skipped (reasons above); they stay on disk and are "
-                               "not in the warehouse (--allow-skipped exits 0 all the same)\n")
+                               "not in the warehouse (--quarantine sets them aside, --allow-skipped exits 0 "
+                               "all the same)\n")
 
 
 def _unreadable(path: Path) -> list[str]:

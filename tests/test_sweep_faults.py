@@ -236,8 +236,10 @@ def test_sweep_exits_1_when_a_bundle_was_skipped_unless_allow_skipped(tmp_path):
     assert "sweep s: 0 runs (nothing to run); 1 already done" in proc.stdout
     assert "warehouse: ingested 1 run(s), 0 unchanged, 1 skipped" in proc.stdout
     assert f"skipped {bad}: result.json" in proc.stderr
-    assert proc.stderr.splitlines()[-1] == ("Error: 1 bundle(s) skipped (reasons above); they stay on disk and "
-                                            "are not in the warehouse (--allow-skipped exits 0 all the same)")
+    assert proc.stderr.splitlines()[-1] == (
+        "Error: 1 bundle(s) skipped (reasons above); they stay on disk and are not in the warehouse, and every "
+        f"later sweep skips them again: `matrun ingest --quarantine --warehouse {tmp_path / 'matrun.duckdb'} "
+        f"{results / 's'}` sets them aside (--allow-skipped exits 0 all the same)")
     lenient = matrun("sweep", "--allow-skipped", cwd=tmp_path)
     assert lenient.returncode == 0, lenient.stderr
     assert "warehouse: ingested 0 run(s), 1 unchanged, 1 skipped" in lenient.stdout

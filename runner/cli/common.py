@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
+import matrun
 from matrun.errors import InputError, MatrunError
 from matrun.runner.planning.matrix import load_matrix
 
@@ -79,6 +80,19 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"matrun {matrun.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print matrun's version and exit.")] = False) -> None:
+    """The options of ``matrun`` itself, before any command: ``--version``."""
+
 
 #: Tables and results (stdout), wide when piped; progress and notes go to ``err`` (stderr).
 out = Console(width=None if sys.stdout.isatty() else 160)

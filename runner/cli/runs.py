@@ -7,24 +7,23 @@ tasks' progress); docs/CLI.md.
 
 from __future__ import annotations
 
+import shlex
 import signal
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from matrun.errors import BundleError
 from matrun.runner.cli.common import MatrixArg, ProfileOpt, WhereOpt, app, command, duration_text, err, out
+from matrun.runner.cli.progress import SweepDisplay
 from matrun.runner.planning.matrix import load_matrix
 from matrun.runner.planning.overview import plan_rows, status_rows
 from matrun.runner.slurm.jobs import cell_progress
 from matrun.runner.slurm.loop import cancel_sweep
 from matrun.runner.sweep.records import SweepStopped, SweepSummary
 from matrun.runner.sweep.run import run_sweep
-from matrun.warehouse.bundles.layout import CANARY_REPEAT
-
 
 
 @command(app)
@@ -76,50 +75,35 @@ def sweep(
 ) -> None:
     """Run every cell that has no successful run yet, ingest each run as it ends."""
     signal.signal(signal.SIGTERM, _sigterm)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err,
-                        disable=not err.is_terminal)
-    task = None
-
-    def on_event(event: Any) -> None:
-        nonlocal task
-        if event.kind == "message":
-            typer.echo(event.text, err=True)
-        elif event.kind == "plan":
-            note = f" (estimated {duration_text(event.estimate_s)})" if event.estimate_s else ""
-            typer.echo(f"{event.text}{note}", err=True)
-            task = progress.add_task("sweep", total=event.total)
-            progress.start()
-        elif event.kind == "run-start":
-            progress.update(task, description=f"{event.cell.cell.label} {_repeat(event.repeat, '#')}")
-        elif event.kind == "run-skip":
-            progress.advance(task)
-            line = f"{'done':>9}  {event.cell.cell_id}  {_repeat(event.repeat)}  ({event.text})  {event.cell.cell.label}"
-            progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
-        elif event.kind == "run-end":
-            o = event.outcome
-            progress.advance(task)
-            line = f"{o.status:>9}  {event.cell.cell_id}  {_repeat(event.repeat)}  {o.wall_seconds:7.1f}s  {event.cell.cell.label}"
-            progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
-
+    display = SweepDisplay(err)  # a live progress line on a terminal, plain lines elsewhere
     slurm = {"partition": partition, "account": account, "qos": qos, "throttle": throttle,
              "exclusive": exclusive, "sbatch_args": sbatch_arg or None}
     try:
-        summary = run_sweep(matrix_path=matrix, where=where, force=force, executor=executor, on_event=on_event,
+        summary = run_sweep(matrix_path=matrix, where=where, force=force, executor=executor, on_event=display,
                             detach=detach, slurm=slurm, profile=profile)
     except SweepStopped as stopped:  # what ran until then, then the Error line (common.py)
-        progress.stop()
+        display.stop()
         if stopped.summary.ran or stopped.summary.ingested or stopped.summary.skipped:
             _print_summary(stopped.summary)
         raise
     finally:
-        progress.stop()
+        display.stop()
     _print_summary(summary)
     if summary.failed:
         raise typer.Exit(1)
     if summary.skipped and not allow_skipped:
-        raise BundleError(f"{len(summary.skipped)} bundle(s) skipped (reasons above); they stay on disk "
-                          "and are not in the warehouse (--allow-skipped exits 0 all the same)")
+        raise _skipped_error(summary, load_matrix(matrix, profile).sweep.warehouse)
+
+
+def _skipped_error(summary: SweepSummary, warehouse: Path) -> BundleError:
+    """The sweep's error for bundles it skipped, naming the command that sets them aside: the
+    ingest of their sweeps' folders with ``--quarantine`` (every later sweep skips them again)."""
+    folders = sorted({str(path.parent.parent) for path in summary.skipped_paths})
+    command = " ".join(["matrun ingest --quarantine --warehouse", shlex.quote(str(warehouse)),
+                        *map(shlex.quote, folders)])
+    return BundleError(f"{len(summary.skipped)} bundle(s) skipped (reasons above); they stay on disk and are "
+                       f"not in the warehouse, and every later sweep skips them again: `{command}` sets them "
+                       "aside (--allow-skipped exits 0 all the same)")
 
 
 def _print_summary(summary: SweepSummary) -> None:
@@ -191,8 +175,3 @@ def cancel(
                f"{result['recorded']} run(s) recorded as cancelled; {result['left']} task(s) still ending")
     if not result["ended"] or result["left"]:
         raise typer.Exit(1)
-
-
-def _repeat(repeat: int, prefix: str = "repeat ") -> str:
-    """A run's repeat as the sweep's output shows it; a drift canary's run says so."""
-    return "canary" if repeat == CANARY_REPEAT else f"{prefix}{repeat}"

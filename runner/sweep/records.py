@@ -57,6 +57,9 @@ class SweepEvent:
     text: str = ""
     total: int = 0
     estimate_s: float | None = None
+    # plan: cell id -> the seconds a run of it should take ({} when no cell ran before; None
+    # when runs go in parallel), for the progress line's estimate (runner/sweep/progress.py)
+    expected: dict[str, float] | None = None
     cell: PlannedCell | None = None
     repeat: int = 0
     outcome: RunOutcome | None = None
@@ -76,6 +79,7 @@ class SweepSummary:
     ingested: int = 0
     unchanged: int = 0
     skipped: list[str] = field(default_factory=list)
+    skipped_paths: list[Path] = field(default_factory=list)  # the bundles of ``skipped``
     # asynchronous executors (slurm)
     submitted: int = 0
     job_ids: list[str] = field(default_factory=list)
@@ -93,6 +97,7 @@ class SweepSummary:
         self.ingested += len(report.ingested)
         self.unchanged += len(report.unchanged)
         self.skipped.extend(f"{path}: {reason}" for path, reason in report.skipped)
+        self.skipped_paths.extend(Path(path) for path, _ in report.skipped)
 
     @property
     def failed(self) -> bool:
@@ -293,6 +298,7 @@ def ingest_quietly(paths: list[Path], warehouse: Path, summary: SweepSummary) ->
         report = ingest(paths, warehouse=warehouse, wait_s=INGEST_WAIT_S)
     except MatrunError as exc:  # the bundles are safe on disk; say how to load them later
         summary.skipped.extend(f"{path}: not ingested: {exc}" for path in paths)
+        summary.skipped_paths.extend(paths)
         return None
     summary.add_ingest(report)
     return report

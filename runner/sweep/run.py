@@ -208,7 +208,8 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
     known = durations(matrix.sweep.warehouse)
     canary = schedule(matrix.sweep.canary, canary_cell, len(todo))  # None: no canary runs
     extra = [(canary.cell, CANARY_REPEAT)] * canary.count if canary else []
-    estimate = _estimate(todo + extra, known)
+    expected = _expected(todo + extra, known)
+    estimate = sum(expected[pc.cell_id] for pc, _ in todo + extra) if expected else None
     waiting = f", {summary.in_flight} already queued or running in Slurm" if summary.in_flight else ""
     waiting += f", {len(queued)} queued by other sweeps" if queued else ""
     if canary is not None:
@@ -216,7 +217,8 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
         waiting += (f"; {canary.count} canary runs of cell {canary.cell.cell_id}: at the start, {after} "
                     "and at the end")
     emit(SweepEvent("plan", f"{len(todo)} runs to do, {summary.skipped_done} already done{waiting}",
-                    total=len(todo) + len(extra) + (0 if detach else summary.in_flight), estimate_s=estimate))
+                    total=len(todo) + len(extra) + (0 if detach else summary.in_flight), estimate_s=estimate,
+                    expected=None if isinstance(runner, AsyncExecutor) else expected))
     if isinstance(runner, AsyncExecutor):
         assert jobs is not None
         return run_async(runner, jobs, matrix, todo, done, data_dir, summary, emit, detach=detach,
@@ -448,9 +450,11 @@ def _catch_up(sweep_dir: Path, matrix: Matrix, summary: SweepSummary,
         emit(SweepEvent("message", f"warning: {len(report.skipped)} earlier bundles in {sweep_dir} were skipped"))
 
 
-def _estimate(todo: list[tuple[PlannedCell, int]], known: dict[str, float]) -> float | None:
+def _expected(todo: list[tuple[PlannedCell, int]], known: dict[str, float]) -> dict[str, float]:
+    """Cell id -> the seconds a run of it should take: the median wall time of its earlier ok
+    runs, a cell that never ran the mean of the others; {} when none of them ran."""
     seen = [known[pc.cell_id] for pc, _ in todo if pc.cell_id in known]
     if not seen:
-        return None
+        return {}
     mean = sum(seen) / len(seen)
-    return sum(known.get(pc.cell_id, mean) for pc, _ in todo)
+    return {pc.cell_id: known.get(pc.cell_id, mean) for pc, _ in todo}

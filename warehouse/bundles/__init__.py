@@ -9,7 +9,9 @@ Modules:
   their header, ``next_attempt``, ``tail_text``;
 - ``read``: finding, parsing and validating bundles for ``warehouse.ingest``; the JSON-lines
   files are read in blocks, hashed as they are read, their step records and monitor samples
-  many lines at a time into Arrow record batches.
+  many lines at a time into Arrow record batches;
+- ``quarantine``: setting a bundle an ingest skipped aside, into the ``.quarantine`` folder
+  beside it, which no ingest or sweep reads (``matrun ingest --quarantine``).
 
 Standard library, ``matrun.errors`` and (``read``) PyArrow only, never DuckDB: the runner
 writes bundles through this package without loading the warehouse.  The harness writes ``events.jsonl`` without it

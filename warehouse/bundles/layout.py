@@ -26,6 +26,12 @@ STDOUT = "stdout.log"
 STDERR = "stderr.log"
 RESULT = "result.json"  # how the run ended: written last, its presence marks a finished run
 
+#: The folder beside a bundle that ``matrun ingest --quarantine`` moves it into when it was
+#: skipped (``quarantine``): no ingest or sweep reads it, its attempts stay taken.
+QUARANTINE = ".quarantine"
+#: In a quarantined bundle: why it was set aside, where it was, when.
+QUARANTINE_NOTE = "quarantine.json"
+
 _RUN_DIR = re.compile(r"^(\d+)-(\d+)\Z")
 
 #: The repeat of a canary run (``[sweep] canary``, docs/MATRIX.md): a run of a sweep's reference

@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 from matrun.errors import BundleError, InputError
 from matrun.runner.harness.phases import PHASES as PHASE_NAMES, known as phase_known  # stdlib only
 from matrun.warehouse.bundles.layout import (
-    EVENTS, GPU, MONITOR, RESULT, SCHEMA_VERSION, SPEC, STATUSES, RunKey, run_dir_name,
+    EVENTS, GPU, MONITOR, QUARANTINE, RESULT, SCHEMA_VERSION, SPEC, STATUSES, RunKey, run_dir_name,
 )
 
 #: No JSON-lines file of a bundle (events.jsonl, monitor.jsonl) may be larger than this; a
@@ -189,7 +189,9 @@ def find_bundles(root: Path | str) -> Iterator[Path]:
     """Every bundle directory (one holding ``spec.json``) under ``root``, sorted.
 
     ``root`` may itself be a bundle.  Symbolic links to directories are not followed, so a
-    link cannot pull bundles from outside the tree into an ingest.
+    link cannot pull bundles from outside the tree into an ingest.  Quarantine folders
+    (``.quarantine``, ``quarantine.py``) below ``root`` are not entered: their bundles were set
+    aside; ``root`` itself may be one, to load a bundle fixed there.
     """
     root = Path(root)
     if not root.is_dir():
@@ -200,7 +202,7 @@ def find_bundles(root: Path | str) -> Iterator[Path]:
             found.append(Path(current))
             dirnames[:] = []  # bundles do not nest
         else:
-            dirnames.sort()
+            dirnames[:] = sorted(name for name in dirnames if name != QUARANTINE)
     yield from sorted(found)
 
 

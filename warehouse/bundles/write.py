@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from matrun.warehouse.bundles.layout import SCHEMA_VERSION, parse_run_dir_name
+from matrun.warehouse.bundles.layout import QUARANTINE, SCHEMA_VERSION, parse_run_dir_name
 
 #: How much of a log's end ``tail_text`` returns (a result's ``error_tail``).
 ERROR_TAIL_BYTES = 4096
@@ -62,7 +62,8 @@ def next_attempt(results: Path, cell_id: str, repeat: int) -> int:
     any sweep's folder of the results directory ``results`` (``<results>/<sweep>/<cell_id>/``):
     attempts are numbered per results directory, so a run id (``<cell_id>/<repeat>-<attempt>``)
     names one run whichever sweep made it.  Folders whose names start with a dot (the claims,
-    locks) are not sweeps."""
+    locks) are not sweeps.  Quarantined attempts (``<cell_id>/.quarantine/<repeat>-<attempt>``,
+    with a ``.N`` suffix after a name clash there) count: their run ids stay taken."""
     highest = 0
     try:
         sweeps = [entry for entry in results.iterdir() if not entry.name.startswith(".")]
@@ -70,14 +71,15 @@ def next_attempt(results: Path, cell_id: str, repeat: int) -> int:
         return 1
     for sweep_dir in sweeps:
         cell_dir = sweep_dir / cell_id
-        try:
-            entries = list(cell_dir.iterdir())
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for entry in entries:
-            parsed = parse_run_dir_name(entry.name)
-            if parsed and parsed[0] == repeat:
-                highest = max(highest, parsed[1])
+        for folder in (cell_dir, cell_dir / QUARANTINE):
+            try:
+                names = [entry.name for entry in folder.iterdir()]
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for name in names:
+                parsed = parse_run_dir_name(name.split(".")[0] if folder.name == QUARANTINE else name)
+                if parsed and parsed[0] == repeat:
+                    highest = max(highest, parsed[1])
     return highest + 1
 
 
