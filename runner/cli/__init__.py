@@ -4,9 +4,12 @@ Modules:
 
 - ``common``: the Typer ``app``, ``command`` / ``group`` (the one way to register a command,
   which also turns a ``MatrunError`` into ``Error: …`` and exit code 2 or 1), the shared
-  options, the consoles, the default warehouse;
+  options, the consoles, the default warehouse, ``matrun --version``;
 - ``runs``: ``plan``, ``sweep``, ``status``, ``cancel``;
+- ``progress``: what ``sweep`` shows while it runs (a live line on a terminal, plain lines
+  elsewhere);
 - ``results``: ``ingest``, ``query``, ``report``;
+- ``tables``: how ``query`` fits a result to a terminal (hidden middle columns, ``vertical``);
 - ``shell``: ``shell`` (the DuckDB client on the warehouse, read-only);
 - ``environments``: ``envs``, ``build``, ``images`` and the ``engine`` group;
 - ``analysis``: ``compare``, ``advise``;
