@@ -1,7 +1,8 @@
 """No cell trains without a live sweep behind it (issue 25): the lease and the reaper, for real.
 
 - The lease (runner/harness/lease.py): the watchdog kills the cell's process group when its
-  lease reaches end-of-file, here with a pipe whose holder is killed with SIGKILL.  On the
+  lease reaches end-of-file, here with a pipe whose holder is killed with SIGKILL; the local
+  executor's cell gets such a pipe, whose other end only the executor holds.  On the
   docker side (``docker.StdinLease``) the container's stdin, attached with ``StdinOnce``, is closed
   by the engine when its holder dies or lets go — shown with the base image and a shell.
 - A container whose sweep process died stops itself: a real cell (the torch image) run by the
@@ -27,6 +28,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -37,6 +39,7 @@ from matrun.runner.environments import engine
 from matrun.runner.executors.docker import DockerExecutor, Owner, StdinLease
 from matrun.runner.executors.local import LocalExecutor
 from matrun.runner.executors.orphans import reap_containers, reap_orphans
+from matrun.runner.executors.protocol import RunRequest
 from matrun.runner.harness.lease import LEASE_LOST_EXIT, LEASE_LOST_MARK
 from matrun.warehouse.bundles.layout import RESULT, STDERR, STDOUT
 from matrun.warehouse.bundles.read import load_bundle
@@ -133,6 +136,52 @@ def test_a_lease_never_held_stops_the_cell_at_once(tmp_path, stage):
                           timeout=60, start_new_session=True, env={**os.environ, "PYTHONPATH": str(stage)})
     assert proc.returncode == -signal.SIGKILL  # its own group's SIGKILL (not PID 1 of a container)
     assert LEASE_LOST_MARK in proc.stderr and "Traceback" not in proc.stderr
+
+
+def harness_of(run_dir: Path) -> int | None:
+    """The PID of the harness process running ``run_dir``'s cell, if one runs."""
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"matrun.runner.harness" in argv and str(run_dir / "spec.json").encode() in argv:
+            return int(entry.name)
+    return None
+
+
+def pipe_of(fd_link: Path) -> str | None:
+    try:
+        target = os.readlink(fd_link)
+    except OSError:
+        return None
+    return target if target.startswith("pipe:") else None
+
+
+def test_a_local_cell_runs_with_its_lease_on_a_pipe_only_the_executor_holds(tmp_path, torch_env):
+    run_dir = tmp_path / "bundle"
+    write_spec(run_dir, params(**LONG), "local-lease")
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(LocalExecutor().run(RunRequest(
+        run_dir=run_dir, params=params(**LONG), env_id="e", timeout=300, data_dir=Path("/nonexistent")))))
+    thread.start()
+    try:
+        pid = wait_for(lambda: harness_of(run_dir), "the harness process", 60)
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        assert argv[argv.index("--lease-fd") + 1] == "0"
+        lease = pipe_of(Path(f"/proc/{pid}/fd/0"))
+        assert lease is not None  # its stdin is a pipe ...
+        held = [fd for fd in Path("/proc/self/fd").iterdir() if pipe_of(fd) == lease]
+        assert len(held) == 1  # ... whose other end this process (the sweep) holds, once
+        assert not [fd for fd in Path(f"/proc/{pid}/fd").iterdir() if fd.name != "0" and pipe_of(fd) == lease]
+    finally:
+        while thread.is_alive():  # the cell ends here: killed from outside, a failed run
+            found = harness_of(run_dir)
+            if found:
+                os.kill(found, signal.SIGKILL)
+            thread.join(0.5)
+    assert outcome[0].status == "failed"
+    assert not [fd for fd in Path("/proc/self/fd").iterdir() if pipe_of(fd) == lease]  # let go after the run
 
 
 # --- the docker side of the lease: the base image and a shell ---------------------------------
