@@ -12,25 +12,24 @@ FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 # --- how the suite is split (`make test`: docs/ARCHITECTURE.md "Tests") ----------------------
 # `make test` runs the suite in two lanes:
-#   1. `pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not serial"`: two pytest-xdist
-#      workers; each test file is one work unit (its module fixtures are made once), and the
-#      tests that share a session resource are one unit whatever their file: every test of the
-#      one Slurm test cluster ("slurm") runs on one worker, so one cluster serves the run.
-#      The framework environments, the images (runner/environments/engine.build_lock) and the
-#      warehouse template are made once for both workers, whichever asks first.
+#   1. `pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not serial"`: two pytest-xdist
+#      workers, each test file one unit of work, so its module fixtures are made once.  Every
+#      test of the Slurm test cluster lives in test_slurm.py (checked below), so one worker
+#      starts the one cluster of the run.  The framework environments, the images
+#      (runner/environments/engine.build_lock) and the warehouse template are made once for
+#      both workers, whichever asks first.
 #   2. `pytest -m serial`: alone, the tests that measure the machine itself (another process's
 #      load, the busy rule, `matrun doctor`'s noise checks), which a second worker would disturb.
 # Units are handed out in the order below (the longest first, so that no long file starts
 # last and keeps one worker busy alone at the end), then in file order.
 
-#: Files whose tests measure this machine's load: run in the serial lane (but their tests of
-#: a shared session resource, which run with that resource's group).
+#: Files whose tests measure this machine's load: the serial lane.
 SERIAL_FILES = {"test_machine_state.py", "test_doctor.py"}
-#: Session resources one worker holds: a test using the fixture joins the group.
-SHARED_GROUPS = {"slurm_cluster": "slurm"}
+#: Session resources one worker holds: every test using the fixture must be in the one file.
+ONE_FILE_RESOURCES = {"slurm_cluster": "test_slurm.py"}
 #: The longest units first (from --durations on this 2-core machine).
 LONGEST_FIRST = [  # the image builds take turns (engine.build_lock): image units alternate with local ones
-    "slurm", "test_studies_e2e.py", "test_theano.py", "test_chainer.py", "test_docker_sweep.py",
+    "test_slurm.py", "test_studies_e2e.py", "test_theano.py", "test_chainer.py", "test_docker_sweep.py",
     "test_canary.py", "test_probe_blas.py", "test_jax.py", "test_docker_faults.py", "test_tensorflow.py",
     "test_build.py", "test_mxnet.py", "test_docker_orphans.py", "test_knobs.py", "test_docker_executor.py",
     "test_workers.py", "test_harness.py", "test_report_browser.py", "test_cli_output.py",
@@ -38,23 +37,20 @@ LONGEST_FIRST = [  # the image builds take turns (engine.build_lock): image unit
 ]
 
 
-def _unit(item: pytest.Item) -> str:
-    for fixture, group in SHARED_GROUPS.items():
-        if fixture in getattr(item, "fixturenames", ()):
-            return group
-    return item.path.name
-
-
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the serial mark added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    for fixture, home in ONE_FILE_RESOURCES.items():
+        elsewhere = sorted({item.nodeid for item in items
+                            if fixture in getattr(item, "fixturenames", ()) and item.path.name != home})
+        if elsewhere:
+            raise pytest.UsageError(f"tests using {fixture} belong in tests/{home} (one worker, one "
+                                    f"{fixture} for the run: tests/conftest.py): {', '.join(elsewhere)}")
     for item in items:
-        unit = _unit(item)
-        if item.path.name in SERIAL_FILES and unit == item.path.name:
+        if item.path.name in SERIAL_FILES:
             item.add_marker(pytest.mark.serial)
-        item.add_marker(pytest.mark.xdist_group(unit))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(_unit(item), len(rank)), order[id(item)]))
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), order[id(item)]))
 
 
 @pytest.fixture(scope="session")

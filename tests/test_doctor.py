@@ -352,23 +352,6 @@ def test_slurm_down_and_slurm_missing(tmp_path, monkeypatch):
     assert "slurm-controller" not in by_name(doc)
 
 
-def test_slurm_up(tmp_path, monkeypatch, slurm_cluster):
-    monkeypatch.chdir(tmp_path)
-    write(tmp_path)
-    code, doc = as_json("--executor", "slurm", env=slurm_cluster.env)
-    checks = by_name(doc)
-    assert checks["slurm-client"]["status"] == "ok"
-    assert checks["slurm-controller"]["status"] == "ok" and " is UP" in checks["slurm-controller"]["found"]
-    assert checks["slurm-partition"]["status"] == "ok" and "multi" in checks["slurm-partition"]["found"]
-    assert code == 0 and doc["ok"] is True
-    write(tmp_path, sweep='\n[slurm]\npartition = "nosuch"\npython = "/nonexistent/python3"')
-    code, doc = as_json("--executor", "slurm", env=slurm_cluster.env)
-    checks = by_name(doc)
-    assert code == 1 and checks["slurm-partition"]["status"] == "fail"
-    assert "names nosuch, which the cluster does not have" in checks["slurm-partition"]["found"]
-    assert checks["slurm-python"]["status"] == "fail"
-
-
 # --- disks and the machine ------------------------------------------------------------------------
 
 def test_free_disk_space_thresholds(tmp_path):
