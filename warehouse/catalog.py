@@ -137,7 +137,7 @@ def _holds_ducklake(file: Path) -> bool:
     write-ahead log with data lies beside it (a catalog never checkpointed), read again through
     the log, read-only."""
     uri = "file:" + urllib.request.pathname2url(str(file))
-    for mode in ("immutable=1", "mode=ro"):
+    for mode in ("mode=ro&immutable=1", "mode=ro"):
         if mode == "mode=ro" and not _has_log(file):
             return False
         try:

@@ -35,6 +35,7 @@ warehouse (``/etc/passwd``) is named as such, with nothing opened to write or ma
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import errno
 import fcntl
 import functools
@@ -257,7 +258,7 @@ def _kind(path: Path) -> str:
         return "warehouse"
     if not stat.S_ISREG(st.st_mode):
         raise NotAWarehouse(f"warehouse {shown(path)} is neither a warehouse directory nor a file; "
-                            "point --warehouse at a matrun warehouse or a new name")
+                            "point --warehouse at a matrun warehouse or at a new name")
     if unfinished(path):
         return "unfinished"
     with open(path, "rb") as fh:  # read-only: a file that is not DuckDB's is never opened to write
@@ -444,7 +445,13 @@ def reader_statements(layout: catalog.Layout,
     a reader may open exactly the files its snapshot holds, so it can create, change or delete
     nothing under the data path, whatever SQL it runs.  ``con`` attaches the lake to read the
     snapshot and its files, and detaches it; the statements returned do it all again, pinned,
-    in ``con`` or in the DuckDB CLI (``matrun shell``)."""
+    in ``con`` or in the DuckDB CLI (``matrun shell``).
+
+    SQLite reads a catalog in write-ahead-log mode only with its ``-wal`` and ``-shm`` files
+    beside it, which it makes when they are missing (a writer's clean close removes them): on a
+    read-only file system, where it cannot, and where no writer can run either, the reader
+    attaches a copy of the catalog in a private temporary directory instead."""
+    layout = _readable_catalog(layout)
     for statement in catalog.attach_statements(layout, read_only=True):
         con.execute(statement)
     pinned = catalog.newest_snapshot(con)
@@ -462,6 +469,19 @@ def reader_statements(layout: catalog.Layout,
             use], pinned
 
 
+def _readable_catalog(layout: catalog.Layout) -> catalog.Layout:
+    """``layout``, or, for a local catalog without its ``-shm`` file on a file system that
+    cannot be written, the same with the catalog copied to a private temporary directory
+    (removed when the process exits)."""
+    if not layout.local or os.path.exists(f"{layout.path / catalog.CATALOG}-shm") \
+            or os.access(layout.path, os.W_OK):
+        return layout
+    home = Path(tempfile.mkdtemp(prefix="matrun-catalog-"))
+    atexit.register(shutil.rmtree, home, True)
+    shutil.copyfile(layout.path / catalog.CATALOG, home / catalog.CATALOG)
+    return dataclasses.replace(layout, catalog=f"sqlite:{home / catalog.CATALOG}")
+
+
 @contextmanager
 def _writer_lock(layout: catalog.Layout, wait_s: float) -> Iterator[None]:
     """Hold the warehouse's writer lock (a local catalog's ``.writer.lock``) for the block;
@@ -471,7 +491,10 @@ def _writer_lock(layout: catalog.Layout, wait_s: float) -> Iterator[None]:
         yield
         return
     lock = layout.path / catalog.WRITER_LOCK
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a read-only file system, a directory not ours
+        raise os_error(layout.path, exc) from None
     try:
         deadline = time.monotonic() + max(wait_s, WRITER_WAIT_S)
         while True:

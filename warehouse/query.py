@@ -1,10 +1,15 @@
 """Read-only SQL over the warehouse, for `matrun query` and any other caller, and the three
 ways its result is written: a table's text for a person, CSV and JSON for scripts.
 
-The connection is read-only and has DuckDB's external access switched off (and its
-configuration locked), so a query can neither change the warehouse nor read or write any
-other file: ``DROP``, ``INSERT``, ``COPY … TO``, ``read_csv('/etc/passwd')``, ``ATTACH`` and
-``INSTALL`` all fail with a :class:`QueryError`.
+The connection is a matrun reader (``db.reader_statements``): read-only, pinned to one
+snapshot, allowed to open only that snapshot's files, its configuration locked, so a query can
+neither change a byte of the warehouse nor read or write any other file: ``DROP``, ``INSERT``,
+``CHECKPOINT``, DuckLake's maintenance calls, ``COPY … TO``, ``read_csv('/etc/passwd')`` and
+``INSTALL`` all fail with a :class:`QueryError`.  The SQLite and PostgreSQL extensions open
+their databases by themselves, past DuckDB's guard, so :func:`check_statement` refuses what
+would use them: ``ATTACH`` (``ATTACH 'x.sqlite' (TYPE sqlite)`` opens a file for writing),
+``DETACH``, and any statement whose plan holds one of their functions (``sqlite_scan``),
+found by ``EXPLAIN`` after macros, views and ``query()`` are expanded.
 
 Rows stream (:func:`stream_query`): CSV and JSON write a result of any size without holding
 it, and a table reads only the rows it shows.  Full precision stays in CSV and JSON; only
@@ -81,7 +86,14 @@ def stream_query(sql: str, *, warehouse: Path | str, wait_s: float = 0.0,
     check_sql(sql)
     with open_warehouse(warehouse, read_only=True, wait_s=wait_s) as wh:
         try:
-            relation = wh.con.sql(sql)
+            relation = None
+            statements = wh.con.extract_statements(sql)
+            for n, statement in enumerate(statements, start=1):
+                check_statement(wh.con, statement)
+                if n < len(statements):
+                    wh.con.execute(statement.query)
+                else:
+                    relation = wh.con.sql(statement.query)
             # to_arrow_reader is DuckDB >= 1.4's name of fetch_record_batch.
             reader = None if relation is None else (
                 getattr(relation, "to_arrow_reader", None) or relation.fetch_record_batch)(batch_rows)
@@ -103,6 +115,44 @@ def check_sql(sql: str) -> None:
     if nul >= 0:
         raise QueryError(f"query has a NUL character (at character {nul + 1}); "
                          "SQL is text without NUL characters")
+
+
+#: Statements a reader refuses: ATTACH opens a database the guard does not cover (a SQLite file
+#: is opened by the SQLite extension itself, for writing), DETACH takes the lake away.
+_REFUSED = {duckdb.StatementType.ATTACH: "ATTACH opens a database matrun's guard does not cover",
+            duckdb.StatementType.DETACH: "DETACH would take the warehouse, attached as lake, away"}
+#: Statements ``EXPLAIN`` cannot plan, which run no function (checked as they are).
+_UNPLANNED = {duckdb.StatementType.SET, duckdb.StatementType.ANALYZE, duckdb.StatementType.VACUUM,
+              duckdb.StatementType.TRANSACTION, duckdb.StatementType.LOAD, duckdb.StatementType.EXTENSION,
+              duckdb.StatementType.ALTER, duckdb.StatementType.EXPORT}
+#: An operator or function of the SQLite or PostgreSQL extension in an ``EXPLAIN (FORMAT json)`` plan.
+_FOREIGN = re.compile(r'"(?:name|Function)":\s*"((?:SQLITE|POSTGRES)_[A-Z_]*)"')
+#: Leading comments and ``EXPLAIN [ANALYZE | (options)]``: what is left is the statement explained.
+_EXPLAIN = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*EXPLAIN\b(?:\s+ANALYZE\b|\s*\([^)]*\))?", re.I | re.S)
+
+
+def check_statement(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement) -> None:
+    """Refuse ``statement`` when it is an ATTACH or DETACH, or when its plan uses the SQLite or
+    PostgreSQL extension's functions; a statement that cannot be planned and may run functions
+    is refused with DuckDB's own error."""
+    kind = statement.type
+    if kind in _REFUSED:
+        raise QueryError(f"query refused: a read-only query may not ATTACH or DETACH ({_REFUSED[kind]})")
+    if kind in _UNPLANNED:
+        return
+    text = statement.query
+    if kind == duckdb.StatementType.EXPLAIN:
+        text = _EXPLAIN.sub("", text, count=1)
+    try:
+        plan = "\n".join(str(row[-1]) for row in con.execute(f"EXPLAIN (FORMAT json) {text}").fetchall())
+    except duckdb.Error as exc:
+        raise _query_failed(exc) from None
+    found = _FOREIGN.search(plan)
+    if found:
+        raise QueryError(f"query refused: it uses {found.group(1).lower()}, a function of DuckDB's "
+                         f"{found.group(1).split('_')[0].lower()} extension, which opens databases "
+                         "past matrun's guard; read the lake's tables and views (DuckLake's own "
+                         "state: ducklake_snapshots('lake'), ducklake_table_info('lake'))")
 
 
 def _query_failed(exc: BaseException) -> QueryError:
