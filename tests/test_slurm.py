@@ -12,6 +12,7 @@ CPU; the last test collects it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -72,6 +73,17 @@ def active_jobs(cluster, name: str) -> list[dict]:
 
 def containers_of(client, sweep: str) -> list:
     return client.containers.list(all=True, filters={"label": f"matrun.sweep={sweep}"})
+
+
+@contextlib.contextmanager
+def cancelled_at_the_end(directory: Path, cluster):
+    """Whatever the test's fate, no job of its sweep outlives it (a job left running would load
+    the machine for the rest of the run): `matrun cancel` there, which says "nothing to
+    cancel" when the test cancelled them itself."""
+    try:
+        yield
+    finally:
+        matrun("cancel", cwd=directory, cluster=cluster, check=False)
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -543,12 +555,13 @@ def test_a_job_sbatch_refuses_leaves_nothing_behind(tmp_path, slurm_cluster):
 @pytest.mark.slow
 def test_cancel_leaves_no_job_and_no_container(tmp_path, slurm_cluster, docker_client, torch_image):
     name = write_matrix(tmp_path, "[axes]\nlr = [0.01, 0.02]\n", fixed=LONG, slurm="exclusive = false\nthrottle = 1")
-    matrun("sweep", "--detach", cwd=tmp_path, cluster=slurm_cluster)
-    wait_for(lambda: [c for c in containers_of(docker_client, name) if c.status == "running"], 90,
-             "the first task's container")
-    status = matrun("status", cwd=tmp_path, cluster=slurm_cluster).stdout
-    assert "Slurm tasks: queued: 1, running: 1, done: 0, failed: 0" in status
-    proc = matrun("cancel", cwd=tmp_path, cluster=slurm_cluster)
+    with cancelled_at_the_end(tmp_path, slurm_cluster):
+        matrun("sweep", "--detach", cwd=tmp_path, cluster=slurm_cluster)
+        wait_for(lambda: [c for c in containers_of(docker_client, name) if c.status == "running"], 90,
+                 "the first task's container")
+        status = matrun("status", cwd=tmp_path, cluster=slurm_cluster).stdout
+        assert "Slurm tasks: queued: 1, running: 1, done: 0, failed: 0" in status, status
+        proc = matrun("cancel", cwd=tmp_path, cluster=slurm_cluster)
     assert "1 run(s) recorded as cancelled; 0 task(s) still ending" in proc.stdout
     assert active_jobs(slurm_cluster, name) == []
     assert containers_of(docker_client, name) == []
@@ -618,16 +631,17 @@ def test_the_epilog_removes_only_its_own_jobs_containers(tmp_path, docker_client
 @pytest.mark.slow
 def test_ctrl_c_on_a_waiting_sweep_cancels_its_jobs(tmp_path, slurm_cluster, docker_client, torch_image):
     name = write_matrix(tmp_path, fixed=LONG, slurm="exclusive = false")
-    sweep = subprocess.Popen([*MATRUN, "sweep"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env={**os.environ, **slurm_cluster.env})
-    try:
-        wait_for(lambda: [c for c in containers_of(docker_client, name) if c.status == "running"], 90,
-                 "the task's container")
-        sweep.send_signal(signal.SIGINT)
-        out, err = sweep.communicate(timeout=120)
-    finally:
-        if sweep.poll() is None:
-            sweep.kill()
+    with cancelled_at_the_end(tmp_path, slurm_cluster):
+        sweep = subprocess.Popen([*MATRUN, "sweep"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env={**os.environ, **slurm_cluster.env})
+        try:
+            wait_for(lambda: [c for c in containers_of(docker_client, name) if c.status == "running"], 90,
+                     "the task's container")
+            sweep.send_signal(signal.SIGINT)
+            out, err = sweep.communicate(timeout=120)
+        finally:
+            if sweep.poll() is None:
+                sweep.kill()
     assert sweep.returncode != 0
     assert "interrupted: cancelling the sweep's Slurm jobs" in err
     assert active_jobs(slurm_cluster, name) == []

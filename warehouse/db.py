@@ -612,7 +612,13 @@ def _shared_template(key: str) -> Path | None:
             return None
     except (OSError, UnicodeDecodeError):
         return None
-    return lake if (lake / catalog.CATALOG).is_file() else None
+    if not (lake / catalog.CATALOG).is_file():
+        return None
+    try:
+        os.utime(lake.parent)  # used: kept by the pruning of unused templates (_share_template)
+    except OSError:
+        pass
+    return lake
 
 
 def _share_template(key: str, lake: Path) -> None:
@@ -627,7 +633,18 @@ def _share_template(key: str, lake: Path) -> None:
     try:
         shutil.copytree(lake, tmp / "lake", ignore=shutil.ignore_patterns("*-wal", "*-shm"))
         (tmp / _TEMPLATE_MARK).write_text(key, encoding="utf-8")
-        os.rename(tmp, root / key)  # whole or not at all; another process's, when first, is kept
+        try:
+            os.rename(tmp, root / key)  # whole or not at all; another process's, when first, is kept
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR) \
+                    or _shared_template(key) is not None:
+                raise
+            # a folder of that name that is no template of this user's (half made by hand,
+            # another user's): set aside, then this one in its place
+            aside = root / f".{key}.invalid-{os.getpid()}-{secrets.token_hex(4)}"
+            os.rename(root / key, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(tmp, root / key)
     except OSError:
         pass
     finally:
