@@ -34,6 +34,7 @@ LONGEST_FIRST = [  # the image builds take turns (engine.build_lock): image unit
     "test_build.py", "test_mxnet.py", "test_docker_orphans.py", "test_knobs.py", "test_docker_executor.py",
     "test_workers.py", "test_harness.py", "test_report_browser.py", "test_cli_output.py",
     "test_compare_advise.py", "test_sweep.py", "test_sweep_faults.py", "test_system_python.py",
+    "test_warehouse_portable.py", "test_cli_hardening.py", "test_warehouse_hosts.py", "test_lake_template.py",
 ]
 
 
