@@ -310,7 +310,7 @@ def test_hostile_sql_fails_and_changes_nothing(filled: Path, sql: str) -> None:
     files_before = sorted(p.name for p in tmp.iterdir())
     with pytest.raises(QueryError) as err:
         run_query(sql.format(tmp=tmp), warehouse=filled)
-    assert str(err.value).startswith("query failed: ")
+    assert str(err.value).startswith(("query failed: ", "query refused: "))  # DuckDB's error, or matrun's check
     assert run_query("SELECT count(*) FROM runs", warehouse=filled) == before == (
         ["count_star()"], [(1,)])
     assert sorted(p.name for p in tmp.iterdir()) == files_before

@@ -571,5 +571,5 @@ def test_info_and_compact_on_a_local_warehouse(tmp_path: Path) -> None:
     finally:
         con.close()
     missing_one = matrun("warehouse", "info", "--warehouse", tmp_path / "nothing-here")
-    assert missing_one.returncode == 1 and missing_one.stderr.startswith(
+    assert missing_one.returncode == 2 and missing_one.stderr.startswith(  # bad input: nothing is there
         f"Error: warehouse {tmp_path / 'nothing-here'} does not exist")
