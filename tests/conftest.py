@@ -10,8 +10,8 @@ import pytest
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
-# --- how the suite is split (`make test`: docs/ARCHITECTURE.md "Tests") ----------------------
-# `make test` runs the suite in two lanes:
+# --- how the suite is split (`make test TEST_WORKERS=2`: docs/ARCHITECTURE.md "Tests") -------
+# `make test` runs the suite in one process (CI); with TEST_WORKERS=2, in two lanes:
 #   1. `pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not serial"`: two pytest-xdist
 #      workers, each test file one unit of work, so its module fixtures are made once.  Every
 #      test of the Slurm test cluster lives in test_slurm.py (checked below), so one worker
@@ -49,6 +49,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.name in SERIAL_FILES:
             item.add_marker(pytest.mark.serial)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # one process: the files in their own order
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), order[id(item)]))
