@@ -161,6 +161,25 @@ def _has_log(file: Path) -> bool:
         return False
 
 
+#: The configuration of every DuckDB instance matrun opens a lake in.  matrun loads exactly two
+#: extensions, by absolute path, from the packages pip installed beside the ``duckdb`` module
+#: that loads them (:func:`extension_path`): a file as trusted as that module's own binary, whose
+#: hashes pip checked against the wheel's RECORD.  DuckDB's signature check of such a file
+#: (SHA-256 over its 35-40 MB, then RSA) took 0.2-0.35 s of every instance on this 2-core host,
+#: and every matrun command makes one or two: it is skipped.  Nothing else can be loaded behind
+#: matrun's back: DuckDB neither installs nor autoloads a known extension from the user's
+#: ``~/.duckdb`` in these instances, and a reader's user SQL can load nothing (LOAD and INSTALL
+#: are refused before it runs, external access is off and the configuration locked:
+#: ``warehouse.db.reader_statements``).  docs/WAREHOUSE.md "Extensions".
+LAKE_CONFIG = {"allow_unsigned_extensions": True, "autoload_known_extensions": False,
+               "autoinstall_known_extensions": False}
+
+
+def lake_connect() -> duckdb.DuckDBPyConnection:
+    """A new in-memory DuckDB instance configured for matrun's own extensions (``LAKE_CONFIG``)."""
+    return duckdb.connect(config=LAKE_CONFIG)
+
+
 @functools.lru_cache(maxsize=None)
 def extension_path(name: str) -> Path:
     """The ``.duckdb_extension`` file of extension ``name`` for this DuckDB release."""
@@ -456,7 +475,7 @@ def probe_postgres(conninfo: str) -> bool:
     DuckLake.  ``InputError`` when libpq refuses the connection string or the database holds
     tables of something else; ``WarehouseError`` when the server cannot be reached or refuses
     the connection."""
-    con = duckdb.connect()
+    con = lake_connect()
     try:
         con.execute(f"LOAD {_quote(str(extension_path('postgres_scanner')))}")
         try:
@@ -528,7 +547,7 @@ def create_shared(path: Path | str, *, postgres: str, data: Path | str) -> tuple
         scratch.mkdir(parents=True)
         (scratch / CONFIG).write_text(config_text(postgres, data), encoding="utf-8")
         lay = layout(scratch)
-        con = duckdb.connect()
+        con = lake_connect()
         try:
             for statement in attach_statements(lay, read_only=False):
                 con.execute(statement)

@@ -411,7 +411,7 @@ def forget_instances(path: Path | str | None = None) -> None:
 def _instance(layout: catalog.Layout, *, read_only: bool) -> tuple[duckdb.DuckDBPyConnection, int | None]:
     """A new DuckDB instance with the lake attached, and the snapshot a reader's is pinned to."""
     try:
-        con = duckdb.connect()
+        con = catalog.lake_connect()
     except duckdb.Error as exc:
         raise WarehouseError(f"could not open warehouse {shown(layout.path)}: {_first_line(exc)}") from None
     try:

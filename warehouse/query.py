@@ -118,12 +118,16 @@ def check_sql(sql: str) -> None:
 
 
 #: Statements a reader refuses: ATTACH opens a database the guard does not cover (a SQLite file
-#: is opened by the SQLite extension itself, for writing), DETACH takes the lake away.
-_REFUSED = {duckdb.StatementType.ATTACH: "ATTACH opens a database matrun's guard does not cover",
-            duckdb.StatementType.DETACH: "DETACH would take the warehouse, attached as lake, away"}
+#: is opened by the SQLite extension itself, for writing), DETACH takes the lake away, LOAD and
+#: INSTALL bring code into the process (DuckDB refuses them too: external access is off; matrun's
+#: instances load only matrun's own extensions, catalog.LAKE_CONFIG).
+_REFUSED = {duckdb.StatementType.ATTACH: ("ATTACH or DETACH", "ATTACH opens a database matrun's guard does not cover"),
+            duckdb.StatementType.DETACH: ("ATTACH or DETACH", "DETACH would take the warehouse, attached as lake, away"),
+            duckdb.StatementType.LOAD: ("LOAD or INSTALL an extension",
+                                        "a reader runs only the extensions matrun loaded itself")}
 #: Statements ``EXPLAIN`` cannot plan, which run no function (checked as they are).
 _UNPLANNED = {duckdb.StatementType.SET, duckdb.StatementType.ANALYZE, duckdb.StatementType.VACUUM,
-              duckdb.StatementType.TRANSACTION, duckdb.StatementType.LOAD, duckdb.StatementType.EXTENSION,
+              duckdb.StatementType.TRANSACTION, duckdb.StatementType.EXTENSION,
               duckdb.StatementType.ALTER, duckdb.StatementType.EXPORT}
 #: An operator or function of the SQLite or PostgreSQL extension in an ``EXPLAIN (FORMAT json)`` plan.
 _FOREIGN = re.compile(r'"(?:name|Function)":\s*"((?:SQLITE|POSTGRES)_[A-Z_]*)"')
@@ -132,12 +136,13 @@ _EXPLAIN = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*EXPLAIN\b(?:\s+ANALY
 
 
 def check_statement(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement) -> None:
-    """Refuse ``statement`` when it is an ATTACH or DETACH, or when its plan uses the SQLite or
+    """Refuse ``statement`` when it is an ATTACH, DETACH, LOAD or INSTALL, or when its plan uses the SQLite or
     PostgreSQL extension's functions; a statement that cannot be planned and may run functions
     is refused with DuckDB's own error."""
     kind = statement.type
     if kind in _REFUSED:
-        raise QueryError(f"query refused: a read-only query may not ATTACH or DETACH ({_REFUSED[kind]})")
+        what, why = _REFUSED[kind]
+        raise QueryError(f"query refused: a read-only query may not {what} ({why})")
     if kind in _UNPLANNED:
         return
     text = statement.query

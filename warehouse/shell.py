@@ -82,7 +82,7 @@ def shell_statements(warehouse: Path | str) -> list[str]:
     ``open_warehouse`` does."""
     with open_warehouse(warehouse, read_only=True) as wh:  # a warehouse, its schema, its views
         layout = catalog.layout(wh.path)
-    con = duckdb.connect()
+    con = catalog.lake_connect()
     try:
         statements, _ = reader_statements(layout, con)
     except duckdb.Error as exc:
