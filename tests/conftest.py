@@ -10,35 +10,49 @@ import pytest
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
-# --- how the suite is split (`make test TEST_WORKERS=2`: docs/ARCHITECTURE.md "Tests") -------
-# `make test` runs the suite in one process (CI); with TEST_WORKERS=2, in two lanes:
-#   1. `pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not serial"`: two pytest-xdist
-#      workers, each test file one unit of work, so its module fixtures are made once.  Every
-#      test of the Slurm test cluster lives in test_slurm.py (checked below), so one worker
-#      starts the one cluster of the run.  The framework environments, the images
-#      (runner/environments/engine.build_lock) and the warehouse template are made once for
-#      both workers, whichever asks first.
-#   2. `pytest -m serial`: alone, the tests that measure the machine itself (another process's
-#      load, the busy rule, `matrun doctor`'s noise checks), which a second worker would disturb.
-# Units are handed out in the order below (the longest first, so that no long file starts
-# last and keeps one worker busy alone at the end), then in file order.
+# --- how the suite is split (`make test`: docs/ARCHITECTURE.md "Tests") ----------------------
+# `make test` runs the suite in two lanes, one after the other (TEST_WORKERS=1: one process):
+#   1. `pytest -n 2 --dist loadfile -m "not heavy and not serial"`: the light files, on two
+#      pytest-xdist workers, each file one unit of work (its module fixtures made once).  A
+#      light file runs no framework: it works on fabricated bundles, DuckDB, the CLI and the
+#      report, one core each, so two of them share the two cores well.
+#   2. `pytest -m "heavy or serial"`: in one process, the heavy files (any of whose tests runs a
+#      framework, a container or the Slurm cluster: the multi-threaded OpenMP cells of one worker
+#      and the other worker's load would oversubscribe the cores, and a cell ran up to six times
+#      slower) and the files that measure the machine's own load.
+# A file is heavy when one of its tests is marked slow or uses one of HEAVY_FIXTURES (checked
+# at collection, so a new test of the kind moves its file to the heavy lane by itself).
 
 #: Files whose tests measure this machine's load: the serial lane.
 SERIAL_FILES = {"test_machine_state.py", "test_doctor.py"}
+#: Fixtures of real frameworks, containers and the Slurm cluster: a file using one is heavy.
+HEAVY_FIXTURES = {"torch_python", "torch_env", "tf_env", "mxnet_env", "jax_env", "theano_env", "chainer_env",
+                  "stage", "fashion_mnist_root", "docker_client", "cpu_images", "torch_image", "slurm_cluster"}
+#: Heavy though none of their tests says so: they build images or run real cells through the CLI.
+HEAVY_FILES = {"test_build.py", "test_cli_hardening.py", "test_studies_e2e.py", "test_sweep.py", "test_sweep_faults.py",
+               "test_canary.py", "test_workers.py", "test_system_python.py", "test_local_executor.py"}
 #: Session resources one worker holds: every test using the fixture must be in the one file.
 ONE_FILE_RESOURCES = {"slurm_cluster": "test_slurm.py"}
-#: The longest units first (from --durations on this 2-core machine).
-LONGEST_FIRST = [  # the image builds take turns (engine.build_lock): image units alternate with local ones
-    "test_slurm.py", "test_studies_e2e.py", "test_theano.py", "test_chainer.py", "test_docker_sweep.py",
-    "test_canary.py", "test_probe_blas.py", "test_jax.py", "test_docker_faults.py", "test_tensorflow.py",
-    "test_build.py", "test_mxnet.py", "test_docker_orphans.py", "test_knobs.py", "test_docker_executor.py",
-    "test_workers.py", "test_harness.py", "test_report_browser.py", "test_cli_output.py",
-    "test_compare_advise.py", "test_sweep.py", "test_sweep_faults.py", "test_system_python.py",
-    "test_warehouse_portable.py", "test_cli_hardening.py", "test_warehouse_hosts.py", "test_lake_template.py",
+#: The longest light files first (from --durations on this 2-core machine), so that no long
+#: file starts last and keeps one worker busy alone at the end; then the others in file order.
+LONGEST_FIRST = [
+    "test_ingest.py", "test_export.py", "test_report.py", "test_study_views.py", "test_hostile_inputs.py",
+    "test_cli_output.py", "test_findings.py", "test_report_studies.py", "test_warehouse_portable.py",
+    "test_warehouse_hosts.py", "test_compare_advise.py", "test_views.py", "test_warehouse.py",
+    "test_warehouse_faults.py", "test_report_browser.py", "test_iteration_model.py", "test_lake_template.py",
 ]
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by the serial mark added here
+def heavy_files(items: list[pytest.Item]) -> set[str]:
+    """The files of ``items`` that belong in the heavy lane."""
+    heavy = set(HEAVY_FILES)
+    for item in items:
+        if item.get_closest_marker("slow") is not None or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            heavy.add(item.path.name)
+    return heavy
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for fixture, home in ONE_FILE_RESOURCES.items():
         elsewhere = sorted({item.nodeid for item in items
@@ -46,9 +60,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if elsewhere:
             raise pytest.UsageError(f"tests using {fixture} belong in tests/{home} (one worker, one "
                                     f"{fixture} for the run: tests/conftest.py): {', '.join(elsewhere)}")
+    heavy = heavy_files(items)
     for item in items:
         if item.path.name in SERIAL_FILES:
             item.add_marker(pytest.mark.serial)
+        if item.path.name in heavy:
+            item.add_marker(pytest.mark.heavy)
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # one process: the files in their own order
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
