@@ -36,7 +36,7 @@ ONE_FILE_RESOURCES = {"slurm_cluster": "test_slurm.py"}
 #: The longest light files first (from --durations on this 2-core machine), so that no long
 #: file starts last and keeps one worker busy alone at the end; then the others in file order.
 LONGEST_FIRST = [
-    "test_ingest.py", "test_export.py", "test_report.py", "test_study_views.py", "test_hostile_inputs.py",
+    "test_warehouse_readers.py", "test_materialise.py", "test_ingest.py", "test_export.py", "test_report.py", "test_study_views.py", "test_hostile_inputs.py",
     "test_cli_output.py", "test_findings.py", "test_report_studies.py", "test_warehouse_portable.py",
     "test_warehouse_hosts.py", "test_compare_advise.py", "test_views.py", "test_warehouse.py",
     "test_warehouse_faults.py", "test_report_browser.py", "test_iteration_model.py", "test_lake_template.py",
