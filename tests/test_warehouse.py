@@ -102,6 +102,26 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     assert str(err.value) == message
 
 
+def test_a_reader_checks_again_once_a_writer_changed_the_warehouse(tmp_path: Path) -> None:
+    """The schema and view checks run once per reader instance (db._CHECKED); an instance is
+    pinned to one snapshot, so a writer's change makes a new instance, checked again."""
+    path = tmp_path / "w.duckdb"
+    with open_warehouse(path):
+        pass
+    for _ in range(2):  # the second open reuses the checked instance
+        with open_warehouse(path, read_only=True) as wh:
+            assert wh.con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+    assert len([key for key in db._CHECKED if key[1] == str(path)]) == 1
+    with open_warehouse(path) as wh:
+        wh.con.execute("INSERT INTO schema_migrations (version, name) VALUES (999, 'future')")
+    with pytest.raises(WarehouseError, match="has schema version 999"):
+        with open_warehouse(path, read_only=True):
+            pass
+    with pytest.raises(WarehouseError, match="has schema version 999"):  # refused every time
+        with open_warehouse(path, read_only=True):
+            pass
+
+
 def test_read_only_refuses_a_warehouse_with_pending_migrations(tmp_path: Path) -> None:
     path = tmp_path / "w.duckdb"
     with open_warehouse(path) as wh:

@@ -146,9 +146,15 @@ def open_warehouse(path: Path | str, *, read_only: bool = False,
     layout = catalog.layout(path)
     if read_only:
         con = _connect(layout, read_only=True)
+        checked = _CHECKED.get(_instance_key(layout, read_only=True))
         try:
-            _check_schema_readable(con, path)
-            stale = not views_current(con)
+            # once per reader instance: it is pinned to one snapshot, so what it found stays so
+            stale = False
+            if checked is None or checked != _pinned(layout):
+                _check_schema_readable(con, path)
+                stale = not views_current(con)
+                if not stale:
+                    _CHECKED[_instance_key(layout, read_only=True)] = _pinned(layout)
         except duckdb.Error as exc:
             con.close()
             raise WarehouseError(f"warehouse {shown(path)}: {_first_line(exc)}") from None
@@ -357,11 +363,28 @@ _INSTANCES: dict[tuple[object, ...], tuple[duckdb.DuckDBPyConnection, int | None
 _MAX_INSTANCES = 8
 
 
+#: The reader instances whose schema version and views :func:`open_warehouse` found current,
+#: with the snapshot the instance is pinned to: checked once per instance, not on every open
+#: (the two checks were about a quarter of a light test's CPU time, most queries being reads of
+#: a warehouse whose instance this process has already; benchmarks/reader_checks.py).
+_CHECKED: dict[tuple[object, ...], int | None] = {}
+
+
+def _instance_key(layout: catalog.Layout, *, read_only: bool) -> tuple[object, ...]:
+    return (os.getpid(), str(layout.path), layout.catalog, _catalog_identity(layout), read_only)
+
+
+def _pinned(layout: catalog.Layout) -> int | None:
+    """The snapshot this process's reader instance of ``layout`` is pinned to (None: none)."""
+    cached = _INSTANCES.get(_instance_key(layout, read_only=True))
+    return None if cached is None else cached[1]
+
+
 def _connect(layout: catalog.Layout, *, read_only: bool) -> duckdb.DuckDBPyConnection:
     """A connection with the lake attached and in use.  A reader's instance is pinned to the
     snapshot that was newest when it was made (:func:`reader_statements`): a newer one in the
     catalog makes a new instance."""
-    key = (os.getpid(), str(layout.path), layout.catalog, _catalog_identity(layout), read_only)
+    key = _instance_key(layout, read_only=read_only)
     cached = _INSTANCES.get(key)
     if cached is not None:
         base, pinned = cached
@@ -392,6 +415,7 @@ def _catalog_identity(layout: catalog.Layout) -> tuple[int, int] | None:
 
 
 def _forget(key: tuple[object, ...]) -> None:
+    _CHECKED.pop(key, None)
     cached = _INSTANCES.pop(key, None)
     if cached is not None:
         try:
