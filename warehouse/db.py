@@ -476,12 +476,24 @@ def reader_statements(layout: catalog.Layout,
     read-only file system, where it cannot, and where no writer can run either, the reader
     attaches a copy of the catalog in a private temporary directory instead."""
     layout = _readable_catalog(layout)
-    for statement in catalog.attach_statements(layout, read_only=True):
-        con.execute(statement)
-    pinned = catalog.newest_snapshot(con)
-    allowed = catalog.snapshot_files(con, layout, pinned)
-    con.execute("USE memory")
-    con.execute(f"DETACH {LAKE}")
+    if layout.local:
+        # the catalog's own tables read through the SQLite scanner: 10-50 ms, where attaching
+        # the lake first (DuckLake reads its whole catalog) was 250-450 ms of every new reader
+        con.execute(f"LOAD {catalog._quote(str(catalog.extension_path('sqlite_scanner')))}")
+        con.execute(f"ATTACH {catalog._quote(layout.catalog.removeprefix('sqlite:'))} AS {catalog.METADATA} "
+                    "(TYPE sqlite, READ_ONLY)")
+        try:
+            pinned = catalog.newest_snapshot(con)
+            allowed = catalog.snapshot_files(con, layout, pinned)
+        finally:
+            con.execute(f"DETACH {catalog.METADATA}")
+    else:
+        for statement in catalog.attach_statements(layout, read_only=True):
+            con.execute(statement)
+        pinned = catalog.newest_snapshot(con)
+        allowed = catalog.snapshot_files(con, layout, pinned)
+        con.execute("USE memory")
+        con.execute(f"DETACH {LAKE}")
     paths = "[" + ", ".join("'" + path.replace("'", "''") + "'" for path in allowed) + "]"
     *attach, use = catalog.attach_statements(layout, read_only=True, snapshot=pinned)
     return [*attach,
