@@ -369,8 +369,9 @@ def test_a_cell_whose_executor_is_killed_stops_itself_and_a_live_ones_trains_on(
 @pytest.mark.slow
 def test_kill_9_of_a_docker_sweep_the_container_stops_itself_and_the_next_sweep_records_it_first(tmp_path, torch_ready):
     client = torch_ready
-    # ~30 s of training: it would still train when the next sweep starts
-    name = write_matrix(tmp_path, "synthetic_train = 8192\nepochs = 8\n", drop=("synthetic_train", "epochs"))
+    # seconds of training after PyTorch started: still training when it is killed 2 s in (and it
+    # would finish within the wait below were its lease not to stop it); the next sweep runs it again
+    name = write_matrix(tmp_path, "synthetic_train = 4096\nepochs = 4\n", drop=("synthetic_train", "epochs"))
     sweep = start_sweep(tmp_path)
     try:
         (container,) = wait_for(lambda: [c for c in labelled(client, name) if c.status == "running"],

@@ -20,6 +20,8 @@ from matrun.runner.environments.contexts import recipe_hash
 from test_sweep import sql
 
 MATRUN = [str(Path(sys.executable).with_name("matrun"))]
+# No oneDNN check (the harness's second, verbose run of the cell): no test here looks at what it
+# finds; tests/test_harness.py and the framework files check it.
 TINY = """
 [fixed]
 dataset = "synthetic"
@@ -30,6 +32,7 @@ epochs = 1
 warmup_steps = 2
 threads = 1
 cpuset = "0"
+onednn_check = false
 """
 
 

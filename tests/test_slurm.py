@@ -6,8 +6,10 @@ killed at its time limit recorded as timeout, cancel and Ctrl-C leaving no job a
 argument, hostile values refused, squeue / jobcomp parsing.
 
 The Slurm time-limit test needs Slurm's own clock (limits are whole minutes, checked every 30 s):
-its sweep is submitted early (``timeout_sweep``) and runs beside the other tests on the second
-CPU; the last test collects it.
+its sweep is submitted early (``timeout_sweep``, at the end of the job-array test) and runs beside
+the short tests that follow on the second CPU; the time-limit test collects it after them, while
+the task is most likely still running (a sweep that finds it ended submits it again as a second
+attempt, another minute); the longer tests come after it, with both CPUs free again.
 """
 
 from __future__ import annotations
@@ -359,7 +361,7 @@ def test_one_and_two_worker_ddp_cells_through_slurm_and_their_speedup(tmp_path, 
     # workers of 1 thread each (one CPU each), 32 samples per worker per step.  Runs before the
     # time-limit test's job takes CPU 1.
     name = write_matrix(tmp_path, "[axes]\nworkers = [1, 2]\n",
-                        fixed={"threads": 2, "cpuset": "0-1", "synthetic_train": 2048, "scaling": "weak"})
+                        fixed={"threads": 2, "cpuset": "0-1", "synthetic_train": 1024, "scaling": "weak"})
     proc = matrun("sweep", cwd=tmp_path, cluster=slurm_cluster)
     assert "--cpus-per-task=2" in proc.stderr and "2 runs (2 ok)" in proc.stdout
     db = tmp_path / "matrun.duckdb"
@@ -475,61 +477,6 @@ def timeout_sweep(tmp_path_factory, slurm_cluster, torch_image):
 
 
 @pytest.mark.slow
-def test_two_slurm_sweeps_that_share_cells_submit_each_run_once(tmp_path, slurm_cluster, docker_client,
-                                                                 torch_image):
-    # Two studies with different sweep names and the same cell, on one results directory and one
-    # warehouse: the second finds the run queued or running for the first and leaves it to it.
-    names = []
-    for study in ("a", "b"):
-        names.append(write_matrix(tmp_path / study, fixed={"synthetic_train": 20000, "epochs": 2},
-                                  slurm="exclusive = false"))
-        path = tmp_path / study / "matrix.toml"
-        path.write_text(path.read_text().replace(
-            "timeout = 600\n", 'timeout = 600\nresults = "../results"\nwarehouse = "../w.duckdb"\n', 1))
-    matrun("sweep", "--detach", cwd=tmp_path / "a", cluster=slurm_cluster)
-    assert active_jobs(slurm_cluster, names[0])  # still queued or running: the cell takes seconds
-    second = matrun("sweep", cwd=tmp_path / "b", cluster=slurm_cluster)
-    assert "1 runs are queued or running for other sweeps of" in second.stderr, second.stderr
-    assert f"({names[0]}): left to them" in second.stderr
-    assert active_jobs(slurm_cluster, names[1]) == [] and not (tmp_path / "results" / names[1] / ".slurm").exists()
-    wait_for(lambda: not active_jobs(slurm_cluster, names[0]), 180, "the first sweep's task")
-    time.sleep(1.2)  # the grace of a task's own result.json
-    again = matrun("sweep", cwd=tmp_path / "b", cluster=slurm_cluster)
-    assert "1 runs were done by other sweeps" in again.stderr, again.stderr
-    # One measurement, made once, in the warehouse both studies share.
-    assert sql(tmp_path / "w.duckdb", "SELECT count(*), min(status) FROM runs") == [(1, "ok")]
-    assert containers_of(docker_client, names[0]) == []
-
-
-@pytest.mark.slow
-def test_failures_keep_their_exit_codes(tmp_path, slurm_cluster, docker_client, torch_image):
-    # A cell whose harness refuses its spec inside the container (exit 2), beside one that works.
-    name = write_matrix(tmp_path / "a", "[axes]\nsynthetic_shape = [[1, 4, 4], [1, 28, 28]]\n",
-                        slurm="exclusive = false")
-    proc = matrun("sweep", cwd=tmp_path / "a", cluster=slurm_cluster, check=False)
-    assert proc.returncode == 1 and "2 runs (1 failed, 1 ok)" in proc.stdout
-    ((exit_code, tail),) = sql(tmp_path / "a" / "matrun.duckdb",
-                               "SELECT exit_code, error_tail FROM runs WHERE status = 'failed'")
-    assert exit_code == 2 and "feature map vanishes" in tail
-    assert [j["job_state"] for j in squeue_tasks(slurm_cluster) if j["name"] == f"matrun-{name}"].count("FAILED") == 1
-    # A task that dies before it can write its result (no such interpreter on the node): Slurm's
-    # exit code and the task's log.  Submitted detached; `matrun ingest` records it from Slurm.
-    name = write_matrix(tmp_path / "b", slurm='exclusive = false\npython = "/nonexistent/bin/python3"')
-    matrun("sweep", "--detach", cwd=tmp_path / "b", cluster=slurm_cluster)
-    results = tmp_path / "b" / "results"
-    wait_for(lambda: not active_jobs(slurm_cluster, name), 60, "the task to fail")
-    time.sleep(1.2)  # grace: a task's own result.json may arrive late on a shared file system
-    ingested = matrun("ingest", str(results), "--warehouse", str(tmp_path / "b.duckdb"), cwd=tmp_path,
-                      cluster=slurm_cluster)
-    assert "recorded 1 run(s) Slurm ended from Slurm's state" in ingested.stderr
-    ((status, exit_code, executor, tail),) = sql(tmp_path / "b.duckdb",
-                                                 "SELECT status, exit_code, executor, error_tail FROM runs")
-    assert (status, exit_code, executor) == ("failed", 127, "slurm")
-    assert "/nonexistent/bin/python3: not found" in tail
-    assert "JobState=FAILED, exit code 127; the task ended without writing result.json" in tail
-
-
-@pytest.mark.slow
 def test_a_gpu_cell_gets_its_fake_gpu_from_slurm(tmp_path, slurm_cluster, torch_image):
     # No CUDA image exists here: the task fails in the docker executor, but only after Slurm
     # scheduled it on a node with GPUs (the submit host has none, and is not asked).
@@ -629,6 +576,29 @@ def test_the_epilog_removes_only_its_own_jobs_containers(tmp_path, docker_client
 
 
 @pytest.mark.slow
+def test_a_task_over_its_time_limit_is_recorded_as_timeout(timeout_sweep, slurm_cluster, docker_client):
+    directory, name, submitted = timeout_sweep
+    proc = matrun("sweep", cwd=directory, cluster=slurm_cluster, check=False, timeout=200)
+    assert proc.returncode == 1, proc.stderr
+    # Still running when this test starts (the short tests since the job-array test took less
+    # than the minute), or already ended by Slurm (a loaded machine): either way the sweep
+    # records it from Slurm's state.
+    assert ("1 already queued or running in Slurm" in proc.stderr
+            or "caught up: ingested 1 earlier" in proc.stderr), proc.stderr
+    assert "1 runs (1 timeout)" in proc.stdout, proc.stdout
+    rows = sql(directory / "matrun.duckdb", "SELECT attempt, status, error_tail, wall_seconds FROM runs ORDER BY attempt")
+    if "1 already queued or running in Slurm" in proc.stderr:  # this sweep waited for the task
+        assert [row[0] for row in rows] == [1]
+    else:  # it had ended: caught up, then submitted again as attempt 2, as a timed-out run is (docs/SLURM.md)
+        assert [row[0] for row in rows] == [1, 2]
+    for _, status, tail, wall in rows:
+        assert status == "timeout" and "JobState=TIMEOUT (time limit 1 min)" in tail
+        assert wall >= 55  # it ran until its limit (when Slurm then ends it depends on the load: not checked)
+    assert containers_of(docker_client, name) == []
+    assert active_jobs(slurm_cluster, name) == []
+
+
+@pytest.mark.slow
 def test_ctrl_c_on_a_waiting_sweep_cancels_its_jobs(tmp_path, slurm_cluster, docker_client, torch_image):
     name = write_matrix(tmp_path, fixed=LONG, slurm="exclusive = false")
     with cancelled_at_the_end(tmp_path, slurm_cluster):
@@ -650,8 +620,65 @@ def test_ctrl_c_on_a_waiting_sweep_cancels_its_jobs(tmp_path, slurm_cluster, doc
 
 
 @pytest.mark.slow
+def test_two_slurm_sweeps_that_share_cells_submit_each_run_once(tmp_path, slurm_cluster, docker_client,
+                                                                 torch_image):
+    # Two studies with different sweep names and the same cell, on one results directory and one
+    # warehouse: the second finds the run queued or running for the first and leaves it to it.
+    names = []
+    for study in ("a", "b"):
+        # 8,192 samples: seconds of training after the container and PyTorch started, long
+        # enough to be still queued or running when the second sweep looks a moment later
+        names.append(write_matrix(tmp_path / study, fixed={"synthetic_train": 8192},
+                                  slurm="exclusive = false"))
+        path = tmp_path / study / "matrix.toml"
+        path.write_text(path.read_text().replace(
+            "timeout = 600\n", 'timeout = 600\nresults = "../results"\nwarehouse = "../w.duckdb"\n', 1))
+    matrun("sweep", "--detach", cwd=tmp_path / "a", cluster=slurm_cluster)
+    assert active_jobs(slurm_cluster, names[0])  # still queued or running: the cell takes seconds
+    second = matrun("sweep", cwd=tmp_path / "b", cluster=slurm_cluster)
+    assert "1 runs are queued or running for other sweeps of" in second.stderr, second.stderr
+    assert f"({names[0]}): left to them" in second.stderr
+    assert active_jobs(slurm_cluster, names[1]) == [] and not (tmp_path / "results" / names[1] / ".slurm").exists()
+    wait_for(lambda: not active_jobs(slurm_cluster, names[0]), 180, "the first sweep's task")
+    time.sleep(1.2)  # the grace of a task's own result.json
+    again = matrun("sweep", cwd=tmp_path / "b", cluster=slurm_cluster)
+    assert "1 runs were done by other sweeps" in again.stderr, again.stderr
+    # One measurement, made once, in the warehouse both studies share.
+    assert sql(tmp_path / "w.duckdb", "SELECT count(*), min(status) FROM runs") == [(1, "ok")]
+    assert containers_of(docker_client, names[0]) == []
+
+
+@pytest.mark.slow
+def test_failures_keep_their_exit_codes(tmp_path, slurm_cluster, docker_client, torch_image):
+    # A cell whose harness refuses its spec inside the container (exit 2), beside one that works.
+    name = write_matrix(tmp_path / "a", "[axes]\nsynthetic_shape = [[1, 4, 4], [1, 28, 28]]\n",
+                        slurm="exclusive = false")
+    proc = matrun("sweep", cwd=tmp_path / "a", cluster=slurm_cluster, check=False)
+    assert proc.returncode == 1 and "2 runs (1 failed, 1 ok)" in proc.stdout
+    ((exit_code, tail),) = sql(tmp_path / "a" / "matrun.duckdb",
+                               "SELECT exit_code, error_tail FROM runs WHERE status = 'failed'")
+    assert exit_code == 2 and "feature map vanishes" in tail
+    assert [j["job_state"] for j in squeue_tasks(slurm_cluster) if j["name"] == f"matrun-{name}"].count("FAILED") == 1
+    # A task that dies before it can write its result (no such interpreter on the node): Slurm's
+    # exit code and the task's log.  Submitted detached; `matrun ingest` records it from Slurm.
+    name = write_matrix(tmp_path / "b", slurm='exclusive = false\npython = "/nonexistent/bin/python3"')
+    matrun("sweep", "--detach", cwd=tmp_path / "b", cluster=slurm_cluster)
+    results = tmp_path / "b" / "results"
+    wait_for(lambda: not active_jobs(slurm_cluster, name), 60, "the task to fail")
+    time.sleep(1.2)  # grace: a task's own result.json may arrive late on a shared file system
+    ingested = matrun("ingest", str(results), "--warehouse", str(tmp_path / "b.duckdb"), cwd=tmp_path,
+                      cluster=slurm_cluster)
+    assert "recorded 1 run(s) Slurm ended from Slurm's state" in ingested.stderr
+    ((status, exit_code, executor, tail),) = sql(tmp_path / "b.duckdb",
+                                                 "SELECT status, exit_code, executor, error_tail FROM runs")
+    assert (status, exit_code, executor) == ("failed", 127, "slurm")
+    assert "/nonexistent/bin/python3: not found" in tail
+    assert "JobState=FAILED, exit code 127; the task ended without writing result.json" in tail
+
+
+@pytest.mark.slow
 def test_detach_then_a_later_sweep_picks_the_runs_up(tmp_path, slurm_cluster, docker_client, torch_image):
-    name = write_matrix(tmp_path, fixed={"synthetic_train": 16384}, slurm="exclusive = false")
+    name = write_matrix(tmp_path, fixed={"synthetic_train": 8192}, slurm="exclusive = false")
     proc = matrun("sweep", "--detach", cwd=tmp_path, cluster=slurm_cluster)  # returns at once: `early` sees it running
     assert "submitted 1 runs as Slurm job" in proc.stdout and "matrun cancel" in proc.stdout
     early = matrun("ingest", "results", cwd=tmp_path, cluster=slurm_cluster)  # the task has not ended yet
@@ -663,28 +690,6 @@ def test_detach_then_a_later_sweep_picks_the_runs_up(tmp_path, slurm_cluster, do
     assert len(list((tmp_path / "results" / name / ".slurm").iterdir())) == 1  # nothing submitted twice
     assert sql(tmp_path / "matrun.duckdb", "SELECT status, executor FROM runs") == [("ok", "slurm")]
     assert containers_of(docker_client, name) == []
-
-
-@pytest.mark.slow
-def test_a_task_over_its_time_limit_is_recorded_as_timeout(timeout_sweep, slurm_cluster, docker_client):
-    directory, name, submitted = timeout_sweep
-    proc = matrun("sweep", cwd=directory, cluster=slurm_cluster, check=False, timeout=200)
-    assert proc.returncode == 1, proc.stderr
-    # Still running when this test starts (the tests before it took less than the minute), or
-    # already ended by Slurm (a loaded machine): either way the sweep records it from Slurm's state.
-    assert ("1 already queued or running in Slurm" in proc.stderr
-            or "caught up: ingested 1 earlier" in proc.stderr), proc.stderr
-    assert "1 runs (1 timeout)" in proc.stdout, proc.stdout
-    rows = sql(directory / "matrun.duckdb", "SELECT attempt, status, error_tail, wall_seconds FROM runs ORDER BY attempt")
-    if "1 already queued or running in Slurm" in proc.stderr:  # this sweep waited for the task
-        assert [row[0] for row in rows] == [1]
-    else:  # it had ended: caught up, then submitted again as attempt 2, as a timed-out run is (docs/SLURM.md)
-        assert [row[0] for row in rows] == [1, 2]
-    for _, status, tail, wall in rows:
-        assert status == "timeout" and "JobState=TIMEOUT (time limit 1 min)" in tail
-        assert wall >= 55  # it ran until its limit (when Slurm then ends it depends on the load: not checked)
-    assert containers_of(docker_client, name) == []
-    assert active_jobs(slurm_cluster, name) == []
 
 
 def test_doctor_sees_the_cluster_up_and_a_partition_it_lacks(tmp_path, monkeypatch, slurm_cluster):
