@@ -179,14 +179,15 @@ def test_threads_are_the_openblas_threads_in_force(tmp_path, chainer_env, stage,
 
 @pytest.mark.slow
 def test_inference_mode_times_forward_batches(tmp_path, chainer_env, stage):
+    # batches of 8 (numpy's convolutions of the CIFAR CNN: the work scales with the batch)
     spec = write_spec(tmp_path / "run", **CH, mode="inference", iterations=12, epochs=None, optimizer=None,
                       lr=None, momentum=None, weight_decay=None, model="cifar_cnn", synthetic_shape=[3, 32, 32],
-                      layer_profile=True)
+                      layer_profile=True, batch_size=8, synthetic_test=32)
     proc = run_chainer(chainer_env.python, stage, spec)
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = events_of(spec.parent)
     steps = [e for e in events if e["type"] == "step"]
-    assert len(steps) == 12 and [s["epoch"] for s in steps[-2:]] == [2, 2]  # 128 test samples: 4 batches a pass
+    assert len(steps) == 12 and [s["epoch"] for s in steps[-2:]] == [2, 2]  # 32 test samples: 4 batches a pass
     assert not [e for e in events if e["type"] == "epoch"]
     layers = [e for e in events if e["type"] == "layer"]
     assert len(layers) == len(models.CIFAR_CNN) and all(e["backward_seconds"] is None for e in layers)
@@ -200,15 +201,16 @@ def test_fp16_is_chainers_mixed16_and_learns(tmp_path, chainer_env, stage):
     master weights and a dynamic loss scale; with Adam and weight decay the loss falls.  The
     gradients are the float16 weights': 2 bytes a parameter in ``gradient_bytes``; a sampled
     step's update holds the overflow check and the master weights' update."""
+    # numpy computes float16 without a BLAS (slowly): batches of 8, 64 samples, 32 to evaluate
     spec = write_spec(tmp_path / "run", **CH, epochs=3, precision="fp16", optimizer="adam", lr=0.002,
-                      weight_decay=5e-4, synthetic_train=256)
+                      weight_decay=5e-4, synthetic_train=64, synthetic_test=32, batch_size=8)
     proc = run_chainer(chainer_env.python, stage, spec)
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = events_of(spec.parent)
     assert only(events, "probe")["in_force"]["dtype"] == "mixed16"
     epochs = [e for e in events if e["type"] == "epoch"]
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"] and not only(events, "summary")["diverged"]
-    # 24 steps, 5 warm-up
+    # 24 steps (8 an epoch), 5 warm-up
     check_phases(events, ["forward", "backward", "update"], sampled=[5 + 9], gradient_element_bytes=None)
     assert only(events, "summary")["gradient_bytes"] == 61_706 * 2
 
@@ -331,7 +333,8 @@ def test_early_stopping_stops_when_validation_accuracy_stalls(tmp_path, chainer_
     """A learning rate of 1e-12 leaves the predictions (and so the validation accuracy) where
     they started: with patience 2, epochs 0, 1, 2 run and training stops, 7 epochs early."""
     p = plan(dataset="synthetic", synthetic_train=512, synthetic_test=128, batch_size=32, warmup_steps=2,
-             threads=1, lr=1e-12, momentum=0.0, epochs=10, validation=64, early_stopping=2)
+             threads=1, lr=1e-12, momentum=0.0, epochs=10, validation=64, early_stopping=2,
+             onednn_check=False)  # (the check's own run: test_harness_run_writes_every_event_type)
     outcome, run_dir = run_cell(tmp_path, p)
     assert outcome.status == "ok", outcome.error_tail
     events = events_of(run_dir)
@@ -349,8 +352,11 @@ def test_the_loader_feeds_the_steps(tmp_path, chainer_env):
     """loader_workers = 2: Chainer's MultiprocessIterator made every batch in two worker
     processes (each epoch's pool), fed the same permutation, so training equals the preloaded
     path's; loader_workers = 0: a SerialIterator in the training process."""
-    common = dict(dataset="synthetic", synthetic_train=512, synthetic_test=128, batch_size=32, warmup_steps=2,
-                  threads=1, epochs=2)
+    # 16 batches an epoch, of 8 samples (numpy's work scales with the batch; the pool still gets
+    # its 8 tasks a batch: multiprocessing's chunks of map_async); no oneDNN check's run (the
+    # check: test_harness_run_writes_every_event_type)
+    common = dict(dataset="synthetic", synthetic_train=128, synthetic_test=32, batch_size=8, warmup_steps=2,
+                  threads=1, epochs=2, onednn_check=False)
     runs = {}
     for name, extra in {"preloaded": {}, "loader": {"input_pipeline": "loader", "loader_workers": 2},
                         "serial": {"input_pipeline": "loader"}}.items():

@@ -426,8 +426,10 @@ def test_a_real_lenet_cell_runs_in_the_site_python_and_lands_in_the_warehouse(tm
     (site_packages(site) / "torch-env.pth").write_text(f"{site_packages(torch_env.python)}\n")
     add_distribution(site, "matrun-site-marker", "1.0")
     home = tmp_path / "home"
+    # one thread: the default, "unset", is one per CPU, and on a busy 2-CPU host the two OpenMP
+    # threads wait for each other at every layer (the 20 steps took 9.4 s there; 0.3 s with one)
     path = matrix(tmp_path, system_cell(site, "model = \"lenet5\"\niterations = 20\nbatch_size = 32\n"
-                                              "warmup_steps = 2\nonednn_check = false\n"))
+                                              "warmup_steps = 2\nthreads = 1\nonednn_check = false\n"))
     swept = matrun("sweep", str(path), "--executor", "local", cwd=tmp_path, home=home)
     assert "sweep site: 1 runs (1 ok); 0 already done" in swept.stdout, swept.stdout + swept.stderr
 
