@@ -1,17 +1,19 @@
 """Three quick studies of the catalogue end to end: `matrun sweep studies/<id>.toml --profile
 quick` through the local executor (real harness processes, real PyTorch), into the warehouse's
 `findings` view — each finding judged, its numbers recomputed here from the runs — and into the
-report's study pages.  Sliced to PyTorch (and, for A6, to 1 and 8 threads) to keep CI short."""
+report's study pages.  Sliced to PyTorch (and, for A6, to 1 and 8 threads) and run at test scale
+(TEST_SCALE: less work per run, the same cells and repeats) to keep CI short."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import os
-import shutil
+import re
 import statistics
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,18 @@ STUDIES = {  # file: the slice of its quick profile run here
     "E-layout.toml": ["--where", "framework=torch"],
     "D-layers.toml": ["--where", "framework=torch"],
     "A6-threads.toml": ["--where", "framework=torch", "--where", "threads=1,8"],
+}
+# The copies run a test-scale quick profile: the quick profile's own cells (axes, zips, slices,
+# repeats: 4 against 4 for E-layout's Mann-Whitney, 3 per cell for D-layers' layer shares) with
+# less work per run, since training and the layer profiles took most of the time (AlexNet 3x64x64
+# is its smallest input).  The cell ids differ from the catalogue's quick ones; the checks below
+# read the warehouse the copies were swept into and recompute every number from their runs.
+TEST_SCALE = {  # file: the values replaced in its [profiles.quick] fixed
+    "E-layout.toml": {"synthetic_shape": [3, 64, 64], "synthetic_train": 32, "synthetic_test": 16,
+                      "batch_size": 4, "iterations": 6},
+    "D-layers.toml": {"synthetic_shape": [3, 64, 64], "synthetic_train": 32, "synthetic_test": 16,
+                      "batch_size": 4, "iterations": 4},
+    "A6-threads.toml": {"train_limit": 600, "test_limit": 500},
 }
 
 pytestmark = pytest.mark.slow
@@ -49,6 +63,23 @@ def rows(db: Path, query: str, params: list | None = None) -> list[dict]:
         con.close()
 
 
+def scaled_copy(name: str) -> str:
+    """The catalogue's study file with TEST_SCALE's values in its quick profile's fixed table."""
+    text = (ROOT / "studies" / name).read_text(encoding="utf-8")
+    quick = tomllib.loads(text)["profiles"]["quick"]["fixed"]
+    (line,) = [line for line in text.splitlines() if line.startswith("fixed = {") and all(
+        re.search(rf"\b{key} = ", line) for key in TEST_SCALE[name])]
+    scaled = line
+    for key, value in TEST_SCALE[name].items():
+        scaled, n = re.subn(rf"\b{key} = (\[[^\]]*\]|[^,}}]+)", f"{key} = {json.dumps(value)}", scaled)
+        assert n == 1, (name, key)
+    copy = text.replace(line, scaled)
+    # only those values changed, and only there
+    assert tomllib.loads(copy)["profiles"]["quick"]["fixed"] == {**quick, **TEST_SCALE[name]}
+    assert tomllib.loads(copy) | {"profiles": None} == tomllib.loads(text) | {"profiles": None}
+    return copy
+
+
 def mann_whitney_exact_p(x: list[float], y: list[float]) -> float:
     """Two-sided exact p of the Mann-Whitney U test by enumerating every split (no ties)."""
     pooled = sorted(x + y)
@@ -62,12 +93,12 @@ def mann_whitney_exact_p(x: list[float], y: list[float]) -> float:
 
 @pytest.fixture(scope="module")
 def catalogue_run(tmp_path_factory, torch_env, fashion_mnist_root) -> Path:
-    """The three quick studies swept into one warehouse (the catalogue's own files, copied so
-    that their results and warehouse land in a temporary directory)."""
+    """The three quick studies swept into one warehouse (the catalogue's own files, copied at
+    test scale (TEST_SCALE) so that their results and warehouse land in a temporary directory)."""
     root = tmp_path_factory.mktemp("catalogue")
     (root / "studies").mkdir()
     for name, where in STUDIES.items():
-        shutil.copy(ROOT / "studies" / name, root / "studies" / name)
+        (root / "studies" / name).write_text(scaled_copy(name), encoding="utf-8")
         matrun("sweep", f"studies/{name}", "--profile", "quick", "--executor", "local", *where, cwd=root)
     return root
 
