@@ -146,15 +146,16 @@ def open_warehouse(path: Path | str, *, read_only: bool = False,
     layout = catalog.layout(path)
     if read_only:
         con = _connect(layout, read_only=True)
-        checked = _CHECKED.get(_instance_key(layout, read_only=True))
+        key = _instance_key(layout, read_only=True)
+        pinned = _INSTANCES[key][1] if key in _INSTANCES else None
         try:
             # once per reader instance: it is pinned to one snapshot, so what it found stays so
             stale = False
-            if checked is None or checked != _pinned(layout):
+            if key not in _CHECKED or _CHECKED[key] != pinned:
                 _check_schema_readable(con, path)
                 stale = not views_current(con)
                 if not stale:
-                    _CHECKED[_instance_key(layout, read_only=True)] = _pinned(layout)
+                    _CHECKED[key] = pinned
         except duckdb.Error as exc:
             con.close()
             raise WarehouseError(f"warehouse {shown(path)}: {_first_line(exc)}") from None
@@ -372,12 +373,6 @@ _CHECKED: dict[tuple[object, ...], int | None] = {}
 
 def _instance_key(layout: catalog.Layout, *, read_only: bool) -> tuple[object, ...]:
     return (os.getpid(), str(layout.path), layout.catalog, _catalog_identity(layout), read_only)
-
-
-def _pinned(layout: catalog.Layout) -> int | None:
-    """The snapshot this process's reader instance of ``layout`` is pinned to (None: none)."""
-    cached = _INSTANCES.get(_instance_key(layout, read_only=True))
-    return None if cached is None else cached[1]
 
 
 def _connect(layout: catalog.Layout, *, read_only: bool) -> duckdb.DuckDBPyConnection:
