@@ -287,12 +287,14 @@ def test_missing_cifar10_and_fashion_mnist_say_what_to_do(tmp_path: Path) -> Non
         data.require(tmp_path, "fashion-mnist")
 
 
-def test_synthetic_bytes_are_pinned() -> None:
-    """The generator's output must not change between versions: a cell id does not hash it."""
-    ds = data.synthetic((3, 10, 9), classes=5, train=37, test=11, seed=4)
+@pytest.mark.parametrize("use_numpy", [False, True], ids=["stdlib", "numpy"])
+def test_synthetic_bytes_are_pinned(use_numpy: bool) -> None:
+    """The generator's output must not change between versions: a cell id does not hash it.
+    Both paths (the standard library's, numpy's where the environment has it) make it."""
+    ds = data.synthetic((3, 10, 9), classes=5, train=37, test=11, seed=4, use_numpy=use_numpy)
     digest = hashlib.sha256(ds.train.images + bytes(ds.train.labels) + ds.test.images + bytes(ds.test.labels))
     assert digest.hexdigest() == "be1e54a7e667d669eaf3e12ecf77896319fc73598a6eec70d0fa34add4d80556"
-    big = data.synthetic((1, 28, 28), classes=10, train=6000, test=10, seed=0)  # several chunks
+    big = data.synthetic((1, 28, 28), classes=10, train=6000, test=10, seed=0, use_numpy=use_numpy)  # several chunks
     assert hashlib.sha256(big.train.images).hexdigest() == (
         "173f1f84b09e37a862ed73ff6bc60be05d73695f9a997930aceaa97632bdc2c5")
 
@@ -301,6 +303,29 @@ def test_synthetic_chunk_size_does_not_change_the_bytes(monkeypatch: pytest.Monk
     whole = data.synthetic((3, 7, 5), classes=4, train=203, test=9, seed=2)
     monkeypatch.setattr(data, "SYNTHETIC_CHUNK", 1)  # 4 samples at a time
     assert data.synthetic((3, 7, 5), classes=4, train=203, test=9, seed=2) == whole
+
+
+@pytest.mark.parametrize("shape, classes, train, test, seed", [
+    ((3, 7, 5), 4, 203, 9, 2),     # H, W not multiples of the 4-pixel block
+    ((1, 1, 1), 3, 0, 5, 1),       # no training samples; 1 byte per sample (partial noise words)
+    ((3, 5, 3), 2, 13, 1, 9),      # 45 bytes per sample: the noise ends inside a 32-bit word
+    ((2, 13, 11), 7, 101, 3, 3),
+    ((3, 32, 32), 300, 50, 50, 11),  # more classes than samples: unused classes still drawn
+])
+def test_synthetic_numpy_path_makes_the_standard_library_bytes(shape: tuple[int, int, int], classes: int,
+                                                               train: int, test: int, seed: int) -> None:
+    stdlib = data.synthetic(shape, classes=classes, train=train, test=test, seed=seed, use_numpy=False)
+    fast = data.synthetic(shape, classes=classes, train=train, test=test, seed=seed, use_numpy=True)
+    assert fast == stdlib
+    assert type(fast.train.images) is bytes and fast.train.count == train
+
+
+def test_synthetic_without_numpy_uses_the_standard_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(data, "_numpy", lambda: None)  # an environment without numpy
+    assert data.synthetic((1, 6, 6), classes=3, train=9, test=2, seed=5) == data.synthetic(
+        (1, 6, 6), classes=3, train=9, test=2, seed=5, use_numpy=False)
+    with pytest.raises(CellDataError, match="numpy is not importable"):
+        data.synthetic((1, 6, 6), classes=3, train=9, test=2, seed=5, use_numpy=True)
 
 
 def test_synthetic_imagenet_sized_has_its_shape() -> None:
