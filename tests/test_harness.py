@@ -833,3 +833,14 @@ def test_bf16_and_nhwc_run_on_the_cpu(torch_python: Path, stage: Path, tmp_path:
     assert probe["mismatches"] == []
     assert (probe["in_force"]["layout"], probe["in_force"]["precision"]) == ("nhwc", "bf16")
     assert only(events, "summary")["accuracy"] > 0.5
+
+
+def test_jax_reads_the_autotune_level_xla_will_use() -> None:
+    """The JAX adapter's GPU ``in_force.conv_algo`` comes from XLA_FLAGS as XLA reads it: the
+    last ``--xla_gpu_autotune_level`` wins; none means XLA's own default (autotuning)."""
+    from matrun.runner.harness.adapters import jax as jax_adapter
+
+    assert jax_adapter._autotune_level("--xla_cpu_foo=1 --xla_gpu_autotune_level=0") == 0
+    assert jax_adapter._autotune_level("--xla_gpu_autotune_level=0 --xla_gpu_autotune_level=4") == 4
+    assert jax_adapter._autotune_level("") is None
+    assert jax_adapter._autotune_level("--xla_gpu_autotune_level=4 --xla_gpu_autotune_level=x") is None

@@ -309,6 +309,32 @@ def test_gpu_cells_are_planned_with_their_gpu_count(tmp_path):
     assert cpu.values["gpus"] is None  # a CPU cell has no GPU count: it does not split identity
 
 
+def test_gpu_cells_left_unset_run_at_each_frameworks_own_conv_algo_and_layout(tmp_path):
+    """Issue 26: a GPU cell that does not name conv_algo / layout gets the framework's own
+    default ([defaults] of its framework.toml), resolved when the matrix is read; an explicit
+    value is kept; CPU cells keep matrun's defaults (and their ids)."""
+    text = ('[fixed]\ndevice = "gpu"\n[[zip]]\nframework = ["torch", "jax", "tensorflow", "mxnet"]\n'
+            'variant = ["cuda", "cuda", "cuda", "cu117"]\n')
+    got = {c.values["framework"]: (c.values["conv_algo"], c.values["layout"])
+           for c in load_matrix(write(tmp_path, text)).cells}
+    assert got == {"torch": ("heuristic", "nchw"), "jax": ("autotune", "nhwc"),
+                   "tensorflow": ("autotune", "nhwc"), "mxnet": ("autotune", "nchw")}
+    explicit = text.replace('device = "gpu"\n', 'device = "gpu"\nconv_algo = "heuristic"\nlayout = "nchw"\n')
+    assert {c.values["framework"]: (c.values["conv_algo"], c.values["layout"])
+            for c in load_matrix(write(tmp_path, explicit)).cells} == dict.fromkeys(got, ("heuristic", "nchw"))
+    # an axis names it too: only the values written run
+    (cell,) = load_matrix(write(tmp_path, '[fixed]\ndevice = "gpu"\nvariant = "cuda"\nframework = "jax"\n'
+                                          '[axes]\nconv_algo = ["heuristic"]\n')).cells
+    assert (cell.values["conv_algo"], cell.values["layout"]) == ("heuristic", "nhwc")
+    # the resolved value is the cell's: in its identity (JAX's GPU cell id moved), torch's unchanged
+    cells = {c.values["framework"]: c for c in load_matrix(write(tmp_path, text)).cells}
+    assert cells["jax"].identity["conv_algo"] == "autotune" and cells["jax"].identity["layout"] == "nhwc"
+    assert "conv_algo" not in cells["torch"].identity and "layout" not in cells["torch"].identity
+    cpu = {c.values["framework"]: (c.values["conv_algo"], c.values["layout"]) for c in load_matrix(write(
+        tmp_path, '[axes]\nframework = ["torch", "jax", "tensorflow", "mxnet"]\n')).cells}
+    assert cpu == dict.fromkeys(cpu, ("heuristic", "nchw")) and len(cpu) == 4
+
+
 def test_identity_leaves_out_defaults_so_new_parameters_keep_old_ids(tmp_path):
     (cell,) = load_matrix(write(tmp_path, "[fixed]\nthreads = 2\nbatch_size = 128\n")).cells
     assert cell.identity == {"threads": 2, "batch_size": 128}

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
-from matrun.errors import MatrixError
+from matrun.errors import InputError, MatrixError
 from matrun.frameworks import display_name, get_framework, parameter_server_frameworks
 from matrun.runner.harness.spec import (
     SYSTEM_VARIANT, interpreter_problem, knob_problem, layer_profile_problem, unused_keys,
@@ -237,7 +237,8 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = No
         values.update(fixed)
         values.update(combo)
         try:
-            values = canonical(apply_preset(values, explicit=set(fixed) | set(combo)))
+            explicit = set(fixed) | set(combo)
+            values = canonical(apply_preset(framework_defaults(values, explicit=explicit), explicit=explicit))
         except ParamError as exc:
             if combo:
                 errors.add(where, f"{_describe(combo)}: {exc}")
@@ -376,6 +377,31 @@ def _varies(rows: list[dict[str, Any]], key: str) -> bool:
     """Whether ``key`` takes more than one value (as labels spell it) over ``rows``."""
     first = rows[0][key]
     return any(r[key] != first for r in rows) and len({plain(r[key]) for r in rows}) > 1
+
+
+#: The parameters whose value, when a matrix does not set it, is the framework's own default on
+#: a GPU (``[defaults]`` of images/<name>/framework.toml): what the framework's users run when
+#: they say nothing.  On the CPU they keep matrun's defaults (``PARAMS``): conv_algo is a GPU
+#: choice, and CPU cells keep the ids they have had (docs/MATRIX.md "Framework defaults").
+GPU_FRAMEWORK_DEFAULTS = ("conv_algo", "layout")
+
+
+def framework_defaults(values: dict[str, Any], *, explicit: set[str]) -> dict[str, Any]:
+    """``values`` with each of ``GPU_FRAMEWORK_DEFAULTS`` the matrix did not set (``explicit``:
+    the keys it set) at the framework's own default, for a GPU cell of a framework matrun
+    knows; else ``values`` unchanged.  Applied before a preset (whose values win) and
+    ``canonical``: the resolved value is the cell's value, in its id and in the warehouse."""
+    if values.get("device") != "gpu":
+        return values
+    try:
+        fw = get_framework(values["framework"])
+    except InputError:  # an unknown framework: canonical names the problem
+        return values
+    out = dict(values)
+    for key in GPU_FRAMEWORK_DEFAULTS:
+        if key not in explicit and key in fw.defaults:
+            out[key] = fw.defaults[key]
+    return out
 
 
 def canonical(values: dict[str, Any]) -> dict[str, Any]:

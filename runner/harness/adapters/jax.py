@@ -161,6 +161,19 @@ def configure(params: dict[str, Any]) -> None:
         _STATE["coordinator"] = address
 
 
+def _autotune_level(flags: str) -> int | None:
+    """The last ``--xla_gpu_autotune_level=N`` in ``flags`` (XLA reads the last), or None."""
+    level = None
+    for flag in flags.split():
+        name, _, value = flag.partition("=")
+        if name == "--xla_gpu_autotune_level":
+            try:
+                level = int(value)
+            except ValueError:
+                level = None
+    return level
+
+
 def _gloo_on_interface(interface: str | None) -> None:
     """Make the CPU backend's gloo collectives bind to ``interface`` (the worker plan's, ``lo`` on
     one host).  JAX's own CPU client creates them without one, and gloo then resolves the host
@@ -227,6 +240,13 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
                         cpu_collectives=str(_config("jax_cpu_collectives_implementation")),
                         coordinator=_STATE.get("coordinator"), gloo_interface=_STATE.get("gloo_interface"))
     mismatches = []
+    if params["device"] == "gpu":
+        level = _autotune_level(os.environ.get("XLA_FLAGS", ""))
+        in_force["xla_gpu_autotune_level"] = level  # None: not in XLA_FLAGS (XLA's own default, 4)
+        in_force["conv_algo"] = "heuristic" if level == 0 else "autotune"
+        if in_force["conv_algo"] != params["conv_algo"]:
+            mismatches.append(f"conv_algo: asked {params['conv_algo']}, in force {in_force['conv_algo']} "
+                              f"(--xla_gpu_autotune_level={level if level is not None else 'unset'})")
     if isinstance(params["threads"], int) and used == "cpu" and pool != params["threads"]:
         mismatches.append(f"threads: asked {params['threads']}, in force {pool}")
     if params["device"] != used:

@@ -160,6 +160,13 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         "layout": params["layout"],
     }
     mismatches = []
+    if device == "gpu" and used == "gpu":
+        # 0: cuDNN's heuristic; 1 (MXNet's default) and 2: autotuned (docs/frameworks/mxnet.md)
+        level = os.environ.get("MXNET_CUDNN_AUTOTUNE_DEFAULT", "1").strip()
+        in_force["conv_algo"] = "heuristic" if level == "0" else "autotune"
+        if in_force["conv_algo"] != params["conv_algo"]:
+            mismatches.append(f"conv_algo: asked {params['conv_algo']}, in force {in_force['conv_algo']} "
+                              f"(MXNET_CUDNN_AUTOTUNE_DEFAULT={level})")
     for key in ("threads", "interop_threads"):
         if params[key] != "unset" and params[key] != in_force[key]:
             mismatches.append(f"{key}: asked {params[key]}, in force {in_force[key]}")

@@ -171,6 +171,13 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         in_force.update(rank=ctx.rank, world_size=ctx.world,
                         replicas_in_sync=_MULTI_WORKER.num_replicas_in_sync)
     mismatches = []
+    if params["device"] == "gpu" and gpus:
+        # TensorFlow autotunes unless TF_CUDNN_USE_AUTOTUNE is false (tensorflow/core/util/env_var.cc)
+        autotune = os.environ.get("TF_CUDNN_USE_AUTOTUNE", "1").strip().lower() not in ("0", "false")
+        in_force["conv_algo"] = "autotune" if autotune else "heuristic"
+        if in_force["conv_algo"] != params["conv_algo"]:
+            mismatches.append(f"conv_algo: asked {params['conv_algo']}, in force {in_force['conv_algo']} "
+                              f"(TF_CUDNN_USE_AUTOTUNE={os.environ.get('TF_CUDNN_USE_AUTOTUNE')})")
     for key in ("threads", "interop_threads"):
         if params[key] != "unset" and params[key] != in_force[key]:
             mismatches.append(f"{key}: asked {params[key]}, in force {in_force[key]}")

@@ -109,6 +109,11 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
             allow_tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
             allow_tf32_cudnn=bool(torch.backends.cudnn.allow_tf32),
             cudnn_benchmark=bool(torch.backends.cudnn.benchmark))
+        if params["device"] == "gpu":
+            in_force["conv_algo"] = "autotune" if torch.backends.cudnn.benchmark else "heuristic"
+            if in_force["conv_algo"] != params["conv_algo"]:
+                mismatches.append(f"conv_algo: asked {params['conv_algo']}, in force {in_force['conv_algo']} "
+                                  f"(cudnn.benchmark {_js(bool(torch.backends.cudnn.benchmark))})")
         if params["device"] == "gpu" and (params["gpus"] or 1) > torch.cuda.device_count():
             mismatches.append(f"gpus: asked {params['gpus']}, in force {torch.cuda.device_count()}")
     for key in ("threads", "interop_threads"):
