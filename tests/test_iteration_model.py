@@ -170,6 +170,107 @@ def test_explain_says_where_the_time_goes_and_compares_frameworks(warehouse: Pat
                                "step): matrun does not split a fused time")
 
 
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One workload on the GPU: three PyTorch cells (nhwc at fp32; nchw; bf16 with autotune),
+    TensorFlow at nhwc and at nchw (fp32), and TensorFlow at bf16."""
+    root = tmp_path_factory.mktemp("variants")
+    results = root / "results"
+    gpu = {"device": "gpu", "gpus": 1, "workers": 1}
+    torch = {**gpu, "framework": "torch", "variant": "cuda", "layout": "nhwc"}
+    tf = {**gpu, "framework": "tensorflow", "variant": "cuda"}
+    # the cell explained: as a1torch000000001 above (step 10 ms; 4.5, 5.5 and 1 ms)
+    cell(results, "c1torch000000001", torch, {4: {"forward": 0.004, "backward": 0.005, "update": 0.001},
+                                               7: {"forward": 0.005, "backward": 0.006, "update": 0.001}})
+    # nchw: step 17.3 ms (73 % longer); backward 11.5 ms
+    cell(results, "c2torch000000001", {**torch, "layout": "nchw"},
+         {4: {"forward": 0.006, "backward": 0.011, "update": 0.001},
+          7: {"forward": 0.006, "backward": 0.012, "update": 0.001}},
+         steps=(0.03, 0.03, 0.0173, 0.0173, 0.0185, 0.0173, 0.0173, 0.0195))
+    # bf16 and autotune: step 6 ms (40 % shorter); backward 2.5 ms
+    cell(results, "c3torch000000001", {**torch, "precision": "bf16", "conv_algo": "autotune"},
+         {4: {"forward": 0.003, "backward": 0.0025, "update": 0.001},
+          7: {"forward": 0.003, "backward": 0.0025, "update": 0.001}},
+         steps=(0.02, 0.02, 0.006, 0.006, 0.007, 0.006, 0.006, 0.007))
+    # TensorFlow, fused: nhwc 8 ms (phases 10 ms), nchw 12 ms (phases 12.5 ms), bf16 5 ms
+    cell(results, "d1tf000000000001", {**tf, "layout": "nhwc"},
+         {4: {"forward+backward+update": 0.009}, 7: {"forward+backward+update": 0.011}},
+         steps=(0.02, 0.02, 0.008, 0.008, 0.0095, 0.008, 0.008, 0.0115))
+    cell(results, "d2tf000000000001", {**tf, "layout": "nchw"},
+         {4: {"forward+backward+update": 0.012}, 7: {"forward+backward+update": 0.013}},
+         steps=(0.02, 0.02, 0.012, 0.012, 0.0125, 0.012, 0.012, 0.0135))
+    cell(results, "d3tf000000000001", {**tf, "layout": "nhwc", "precision": "bf16"},
+         {4: {"forward+backward+update": 0.005}, 7: {"forward+backward+update": 0.005}},
+         steps=(0.02, 0.02, 0.005, 0.005, 0.0055, 0.005, 0.005, 0.0055))
+    wh = root / "w.duckdb"
+    ingest([results], warehouse=wh)
+    return wh
+
+
+def test_explain_names_what_differs_in_a_cell_of_the_same_framework(variants: Path) -> None:
+    result = explain("c1torch", warehouse=variants)
+    text = result["sentences"]
+    assert text[0].startswith("lenet5 on synthetic in PyTorch (gpu, 1 thread, batch 64, 1 worker): a training "
+                              "step takes 10 ms")
+    # the other frameworks first (at this precision only: not d3tf's bf16), each named, and
+    # TensorFlow's two cells told apart by what differs between them; then PyTorch's own
+    # other cells (precision free), by their step, each with every parameter that differs
+    assert text[2:] == [
+        "TensorFlow's step on the same workload with layout=nhwc is 20 % shorter (8 ms, cell d1tf000000000001): "
+        "its fused forward + backward + update takes 10 ms against 11 ms here (9 % shorter).",
+        "TensorFlow's step on the same workload with layout=nchw is 20 % longer (12 ms, cell d2tf000000000001): "
+        "its fused forward + backward + update takes 12.5 ms against 11 ms here (14 % longer).",
+        "PyTorch with precision=bf16 instead of fp32 and conv_algo=autotune instead of heuristic (cell "
+        "c3torch000000001, its other parameters the same): its step is 40 % shorter (6 ms); its backward pass "
+        "takes 2.5 ms against 5.5 ms here (55 % shorter).",
+        "PyTorch with layout=nchw instead of nhwc (cell c2torch000000001, its other parameters the same): its "
+        "step is 73 % longer (17.3 ms); its backward pass takes 11.5 ms against 5.5 ms here (109 % longer).",
+    ]
+    assert not any("d3tf" in s for s in text)
+    assert not any(s.startswith("PyTorch's step") or ("same workload" in s and "PyTorch" in s) for s in text)
+    others = {o["cell_id"]: o for o in result["others"]}
+    assert set(others) == {"c2torch000000001", "c3torch000000001", "d1tf000000000001", "d2tf000000000001"}
+    assert others["c2torch000000001"]["same_framework"] is True
+    assert others["c2torch000000001"]["differs"] == {"layout": {"value": "nchw", "here": "nhwc"}}
+    assert others["c3torch000000001"]["differs"] == {"precision": {"value": "bf16", "here": "fp32"},
+                                                     "conv_algo": {"value": "autotune", "here": "heuristic"}}
+    assert others["c2torch000000001"]["another_environment"] is False
+    assert others["d1tf000000000001"]["same_framework"] is False
+    assert (others["d1tf000000000001"]["label"], others["d2tf000000000001"]["label"]) == (
+        {"layout": "nhwc"}, {"layout": "nchw"})
+    # TensorFlow's framework, variant and layout differ too, but the framework is what is named
+    assert "framework" in others["d2tf000000000001"]["differs"]
+
+    # from the bf16 cell: TensorFlow at bf16 only, one cell (no label); PyTorch's nchw cell
+    # differs from it in three parameters, listed in the host's order
+    text = explain("c3torch", warehouse=variants)["sentences"]
+    assert text[2].startswith("TensorFlow's step on the same workload is 17 % shorter (5 ms, cell d3tf000000000001): ")
+    assert text[3].startswith("PyTorch with precision=fp32 instead of bf16 and conv_algo=heuristic instead of "
+                              "autotune (cell c1torch000000001, its other parameters the same): its step is 67 % "
+                              "longer (10 ms); ")
+    assert text[4].startswith("PyTorch with layout=nchw instead of nhwc, precision=fp32 instead of bf16 and "
+                              "conv_algo=heuristic instead of autotune (cell c2torch000000001, its other parameters "
+                              "the same): its step is 188 % longer (17.3 ms); ")
+    assert len(text) == 5
+
+
+def test_a_same_framework_comparison_without_differing_parameters_says_so() -> None:
+    from matrun.warehouse.explain import _comparison
+
+    mine = {"forward": 0.02, "backward": 0.05, "update": 0.01}
+    other = {"cell_id": "e" * 16, "framework": "torch", "step_s_median": 0.05, "sampled_step_s_median": 0.05,
+             "phases": {"forward": 0.02, "backward": 0.02, "update": 0.01}, "same_framework": True,
+             "differs": {}, "another_environment": True, "label": {}}
+    assert _comparison("PyTorch", 0.1, mine, other) == (
+        "PyTorch with the same parameters in another environment (cell eeeeeeeeeeeeeeee): its step is 50 % "
+        "shorter (50 ms); its backward pass takes 20 ms against 50 ms here (60 % shorter).")
+    unset = {**other, "differs": {"kvstore": {"value": "dist_sync", "here": None},
+                                  "onednn": {"value": False, "here": True}}}
+    assert _comparison("PyTorch", 0.1, mine, unset).startswith(
+        "PyTorch with kvstore=dist_sync instead of null and onednn=false instead of true (cell eeeeeeeeeeeeeeee, "
+        "its other parameters the same, in another environment): its step is 50 % shorter")
+
+
 @pytest.mark.parametrize("cell, message", [
     ("", "CELL '': expected a cell id or its first 4 or more characters"),
     ("abc", "CELL 'abc': expected a cell id or its first 4 or more characters"),

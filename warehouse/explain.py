@@ -1,10 +1,14 @@
 """``matrun explain CELL``: where a cell's training step goes, what bounds it, how the same
-workload does in the other frameworks and, for a multi-worker cell, what the model predicted
-— in sentences (docs/MODEL.md).
+workload does in the other frameworks and in the same framework's other cells (another
+layout, precision, convolution algorithm, …) and, for a multi-worker cell, what the model
+predicted — in sentences (docs/MODEL.md).
 
 The numbers are the ``iteration_model`` and ``iteration_scaling`` views'; this module finds
-the cell, picks the comparisons and words them.  A fused phase (``forward+backward+update``)
-is compared only with the sum of the same phases elsewhere, never split.
+the cell, picks the comparisons and words them.  A comparison with another framework names
+that framework; one with a cell of the same framework names every cell parameter whose
+value differs (``runs.params``, identity parameters only), with both values.  A fused phase
+(``forward+backward+update``) is compared only with the sum of the same phases elsewhere,
+never split.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 from matrun.errors import InputError
 from matrun.frameworks import display_name
+from matrun.runner.harness.spec import PARAMS  # the cell parameters, declared once (stdlib only)
 from matrun.warehouse.compare import check_warehouse, fetch, reader
 
 # A cell id is hex (runner/planning/identity.py); a warehouse may hold bundles written with
@@ -23,6 +28,10 @@ from matrun.warehouse.compare import check_warehouse, fetch, reader
 _CELL = re.compile(r"^[0-9A-Za-z._-]{4,64}\Z")
 #: The columns that make two cells "the same workload" across frameworks.
 WORKLOAD = ("model", "dataset", "device", "threads", "batch_size", "workers", "nodes", "precision")
+#: The columns a cell of the same framework shares to be compared: the workload less the
+#: precision, which within one framework is a setting like the layout (two frameworks at two
+#: precisions are never compared: that would mix two causes).
+WITHIN = tuple(k for k in WORKLOAD if k != "precision")
 _WORDS = {"input": "input", "h2d": "host-to-device copy", "forward": "forward pass",
           "backward": "backward pass", "exchange": "gradient exchange", "update": "optimizer update"}
 
@@ -39,9 +48,13 @@ def check_cell(cell: str) -> str:
 
 def explain(cell: str, *, warehouse: Path | str) -> dict[str, Any]:
     """The explanation of ``cell``: ``cell`` (its descriptors), ``phases`` (its rows of
-    ``iteration_model``), ``others`` (the same workload's cells in other frameworks, their
-    step and phases), ``scaling`` (its ``iteration_scaling`` rows, as the cell or as the
-    reference) and ``sentences``."""
+    ``iteration_model``), ``others`` (the same workload's cells in other frameworks and the
+    same framework's other cells of the workload, precision free: their step and phases,
+    ``same_framework``, ``differs`` — each identity parameter whose value differs from this
+    cell's, ``{key: {"value": theirs, "here": this cell's}}`` — ``another_environment``, and
+    ``label``: for another framework with several such cells, the parameters that tell them
+    apart), ``scaling`` (its ``iteration_scaling`` rows, as the cell or as the reference) and
+    ``sentences``."""
     cell = check_cell(cell)
     path = check_warehouse(warehouse)
     with reader(path) as con:
@@ -58,10 +71,18 @@ def explain(cell: str, *, warehouse: Path | str) -> dict[str, Any]:
         cell_id = ids[0]
         phases = fetch(con, "SELECT * FROM iteration_model WHERE cell_id = $c ORDER BY ordinal", {"c": cell_id})
         head = phases[0]
-        same = " AND ".join(f"o.{k} IS NOT DISTINCT FROM $w_{k}" for k in WORKLOAD)
+        same = " AND ".join(f"o.{k} IS NOT DISTINCT FROM $w_{k}" for k in WITHIN)
         others = fetch(con, f"SELECT o.* FROM iteration_model AS o WHERE o.cell_id <> $c AND {same} "
+                            "AND (o.framework IS NOT DISTINCT FROM $fw "
+                            "OR o.precision IS NOT DISTINCT FROM $w_precision) "
                             "ORDER BY o.framework, o.cell_id, o.ordinal",
-                       {"c": cell_id, **{f"w_{k}": head[k] for k in WORKLOAD}})
+                       {"c": cell_id, "fw": head["framework"], **{f"w_{k}": head[k] for k in WORKLOAD}})
+        # each cell's parameters and environment, from the runs iteration_model reads
+        settings = {r["cell_id"]: r for r in fetch(
+            con, "SELECT cell_id, arg_max(params, run_id) AS params, arg_max(env_id, run_id) AS env_id FROM runs "
+                 "WHERE status = 'ok' AND run_id IN (SELECT run_id FROM step_phases) "
+                 "AND cell_id IN (SELECT unnest($ids::VARCHAR[])) GROUP BY cell_id",
+            {"ids": [cell_id, *{r["cell_id"] for r in others}]})}
         scaling = fetch(con, "SELECT * FROM iteration_scaling WHERE cell_id = $c OR ref_cell_id = $c "
                              "ORDER BY workers, cell_id", {"c": cell_id})
     grouped: dict[str, list[dict[str, Any]]] = {}
@@ -71,17 +92,58 @@ def explain(cell: str, *, warehouse: Path | str) -> dict[str, Any]:
                                             "phase_every", "step_s_median", "sampled_step_s_median",
                                             "gap_s", "gap_share", "bottleneck", "fused", "gradient_bytes")},
               "phases": [{k: r[k] for k in ("phase", "seconds_median", "share", "samples")} for r in phases],
-              "others": [_other(rows) for rows in grouped.values()],
+              "others": _others(grouped, head["framework"], cell_id, settings),
               "scaling": scaling}
     result["sentences"] = sentences(result)
     return result
 
 
-def _other(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    head = rows[0]
-    return {"cell_id": head["cell_id"], "framework": head["framework"], "variant": head["variant"],
-            "step_s_median": head["step_s_median"], "sampled_step_s_median": head["sampled_step_s_median"],
-            "phases": {r["phase"]: r["seconds_median"] for r in rows}}
+def _others(grouped: dict[str, list[dict[str, Any]]], framework: str, cell_id: str,
+            settings: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The comparisons' cells, each with what sets it apart from this cell (``differs``) and,
+    for another framework with several cells here, from that framework's other cells
+    (``label``)."""
+    def params(cid: str) -> dict[str, Any]:
+        raw = (settings.get(cid) or {}).get("params")
+        return _identity(json.loads(raw) if isinstance(raw, str) else raw or {})
+
+    mine = params(cell_id)
+    env = (settings.get(cell_id) or {}).get("env_id")
+    out = []
+    for rows in grouped.values():
+        head = rows[0]
+        theirs = params(head["cell_id"])
+        out.append({"cell_id": head["cell_id"], "framework": head["framework"], "variant": head["variant"],
+                    "step_s_median": head["step_s_median"], "sampled_step_s_median": head["sampled_step_s_median"],
+                    "phases": {r["phase"]: r["seconds_median"] for r in rows},
+                    "same_framework": head["framework"] == framework,
+                    "differs": {k: {"value": theirs.get(k), "here": mine.get(k)} for k in _keys(mine, theirs)
+                                if theirs.get(k) != mine.get(k)},
+                    "another_environment": (settings.get(head["cell_id"]) or {}).get("env_id") != env,
+                    "label": {}})
+    for fw in {o["framework"] for o in out if not o["same_framework"]}:
+        group = [o for o in out if o["framework"] == fw]
+        if len(group) < 2:
+            continue
+        every = [params(o["cell_id"]) for o in group]
+        apart = [k for k in _keys(*every) if len({json.dumps(p.get(k), sort_keys=True) for p in every}) > 1]
+        for o, p in zip(group, every):
+            o["label"] = {k: p.get(k) for k in apart}
+    return out
+
+
+def _identity(params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters that make a cell what it is: the non-identity ones (``timeout``,
+    ``phase_sampling``, …) left out, and a null one as if absent."""
+    return {k: v for k, v in params.items() if v is not None and (k not in PARAMS or PARAMS[k].identity)}
+
+
+def _keys(*params: dict[str, Any]) -> list[str]:
+    """The keys of ``params``, in the order the host lists parameters (layout, precision and
+    conv_algo together), unknown ones after, by name."""
+    keys = set().union(*params)
+    order = list(PARAMS)
+    return sorted(keys, key=lambda k: (order.index(k), "") if k in PARAMS else (len(order), k))
 
 
 def sentences(result: dict[str, Any]) -> list[str]:
@@ -108,7 +170,9 @@ def sentences(result: dict[str, Any]) -> list[str]:
     else:
         out.append(f"The {_WORDS.get(top['phase'], top['phase'])} bounds this step: {_pct(top['share'])} of it.")
     mine = {p["phase"]: p["seconds_median"] for p in phases}
-    for other in sorted(result["others"], key=lambda o: o["step_s_median"] or o["sampled_step_s_median"] or 0):
+    # the other frameworks first, then this framework's other cells; each by its step
+    for other in sorted(result["others"], key=lambda o: (bool(o.get("same_framework")),
+                                                         o["step_s_median"] or o["sampled_step_s_median"] or 0)):
         out.append(_comparison(name, step, mine, other))
     for row in result["scaling"]:
         out.append(_scaling_sentence(row, cell["cell_id"]))
@@ -116,13 +180,33 @@ def sentences(result: dict[str, Any]) -> list[str]:
 
 
 def _comparison(name: str, step: float, mine: dict[str, float], other: dict[str, Any]) -> str:
-    """One sentence: the other framework's step against this one's, and the phase (or fused
-    phases, against the sum of the same phases here) that differs most."""
+    """One sentence: the other cell's step against this one's, and the phase (or fused
+    phases, against the sum of the same phases here) that differs most.  Another framework is
+    named as such; a cell of this cell's framework by every parameter that differs, with its
+    value there and here."""
     theirs = other["step_s_median"] or other["sampled_step_s_median"]
     who = display_name(other["framework"])
     change = theirs / step - 1 if step else None
-    text = (f"{who}'s step on the same workload is {_rel(change)} ({_ms(theirs)}, cell {other['cell_id'][:16]})"
-            if change is not None else f"{who} ran the same workload (cell {other['cell_id'][:16]})")
+    cid = other["cell_id"][:16]
+    if other.get("same_framework"):
+        differs = other.get("differs") or {}
+        what = _and([f"{k}={_value(d['value'])} instead of {_value(d['here'])}" for k, d in differs.items()])
+        env = other.get("another_environment")
+        who = (f"{who} with {what} (cell {cid}, its other parameters the same"
+               f"{', in another environment' if env else ''})" if differs
+               else f"{who} with the same parameters{' in another environment' if env else ''} (cell {cid})")
+        text = f"{who}: its step is {_rel(change)} ({_ms(theirs)})" if change is not None else f"{who} ran too"
+        return text + _phases_against(mine, theirs, other, ";")
+    label = _and([f"{k}={_value(v)}" for k, v in (other.get("label") or {}).items()])
+    workload = "on the same workload" + (f" with {label}" if label else "")
+    text = (f"{who}'s step {workload} is {_rel(change)} ({_ms(theirs)}, cell {cid})"
+            if change is not None else f"{who} ran the same workload{label and ' with ' + label} (cell {cid})")
+    return text + _phases_against(mine, theirs, other, ":")
+
+
+def _phases_against(mine: dict[str, float], theirs: float | None, other: dict[str, Any], joint: str) -> str:
+    """The end of a comparison: the phase that differs most, any heavy phase without a
+    counterpart here, and the full stop."""
     best, unmatched = None, []
     for phase, seconds in other["phases"].items():
         want = set(phase.split("+"))
@@ -139,11 +223,28 @@ def _comparison(name: str, step: float, mine: dict[str, float], other: dict[str,
     extra = "".join(f"; its {_phase_words(p)} ({_ms(sec)}, {_pct(sec / theirs)} of its step) has no "
                     "counterpart here" for p, sec in heavy)
     if best is None:
-        return text + (extra or "; no phase of the two can be set against each other (they fuse different "
-                                "phases)") + "."
+        return (extra or "; no phase of the two can be set against each other (they fuse different "
+                         "phases)") + "."
     phase, seconds, here = best
-    return (text + f": its {_phase_words(phase)} takes {_ms(seconds)} against {_ms(here)} here "
-                   f"({_rel(seconds / here - 1)}){extra}.")
+    return (f"{joint} its {_phase_words(phase)} takes {_ms(seconds)} against {_ms(here)} here "
+            f"({_rel(seconds / here - 1)}){extra}.")
+
+
+def _value(value: Any) -> str:
+    """A parameter's value as a sentence shows it: JSON's spelling of true, false and null,
+    a shape as 3x32x32."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "x".join(map(str, value))
+    return str(value)
+
+
+def _and(parts: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``; "" for none."""
+    if len(parts) < 2:
+        return "".join(parts)
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def _scaling_sentence(row: dict[str, Any], cell_id: str) -> str:

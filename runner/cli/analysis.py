@@ -114,8 +114,9 @@ def explain(
     warehouse: WarehouseOpt = None,
     fmt: Annotated[str, typer.Option("--format", "-f", metavar="FORMAT", help="text or json.")] = "text",
 ) -> None:
-    """Where a cell's training step goes, what bounds it, how the other frameworks do the same
-    workload and, with more workers, the model's predicted speedup against the measured one."""
+    """Where a cell's training step goes, what bounds it, how the other frameworks and the same
+    framework's other cells (another layout, precision, …: named) do the same workload and, with
+    more workers, the model's predicted speedup against the measured one."""
     check_format(fmt, ("text", "json"))
     result = xpl.explain(cell, warehouse=resolve_warehouse(warehouse))
     if fmt == "json":
