@@ -100,8 +100,12 @@ err = Console(stderr=True)
 
 MatrixArg = Annotated[Path, typer.Argument(metavar="MATRIX", help="The matrix file.", show_default=True)]
 ProfileOpt = Annotated[Optional[str], typer.Option(
-    "--profile", "-p", metavar="NAME", help="Apply the matrix's [profiles.NAME] (e.g. quick; `matrun studies` "
+    "--profile", "-p", metavar="NAME", help="Apply the matrix's \\[profiles.NAME] (e.g. quick; `matrun studies` "
     "lists each study's profiles).")]
+SetOpt = Annotated[list[str], typer.Option(
+    "--set", metavar="KEY=VALUE", help="Set a cell parameter in every cell, after the profile, as \\[fixed] KEY = VALUE "
+    "in the file would (repeatable; VALUE is read as TOML when it is, else as text: --set threads=4 --set "
+    "variant=system --set python=/opt/conda/bin/python).")]
 WhereOpt = Annotated[list[str], typer.Option(
     "--where", "-w", metavar="KEY=V[,V…]", help="Only cells whose parameter KEY has one of these values "
     "(repeatable; KEY may be 'cell' for a cell-id prefix).")]

@@ -16,9 +16,12 @@ import typer
 from rich.table import Table
 
 from matrun.errors import BundleError
-from matrun.runner.cli.common import MatrixArg, ProfileOpt, WhereOpt, app, command, duration_text, err, out
+from matrun.runner.cli.common import (
+    MatrixArg, ProfileOpt, SetOpt, WhereOpt, app, command, duration_text, err, out,
+)
 from matrun.runner.cli.progress import SweepDisplay
 from matrun.runner.planning.matrix import load_matrix
+from matrun.runner.planning.overrides import parse_overrides, spelled
 from matrun.runner.planning.overview import plan_rows, status_rows
 from matrun.runner.slurm.jobs import cell_progress
 from matrun.runner.slurm.loop import cancel_sweep
@@ -31,10 +34,13 @@ def plan(
     matrix: MatrixArg = Path("matrix.toml"),
     profile: ProfileOpt = None,
     where: WhereOpt = [],
+    sets: SetOpt = [],
 ) -> None:
     """Show the cells of a matrix: parameters that vary, id, repeats done, time estimate."""
-    rows, footer = plan_rows(matrix_path=matrix, where=where, profile=profile)
-    shown = f"{matrix} --profile {profile}" if profile else f"{matrix}"
+    overrides = parse_overrides(sets)
+    rows, footer = plan_rows(matrix_path=matrix, where=where, profile=profile, overrides=overrides)
+    shown = " ".join([str(matrix), *(["--profile", profile] if profile else []),
+                      *([spelled(overrides)] if overrides else [])])
     table = Table(title=f"{shown}: {footer['cells']} cells × {footer['repeats']} repeats", show_lines=False)
     for col in ("cell", *footer["varying"], "env", "done", "estimate"):
         table.add_column(col)
@@ -49,6 +55,11 @@ def plan(
     else:
         rest = "estimated time for the rest: unknown (no earlier runs)"
     typer.echo(f"{footer['runs']} runs: {footer['done']} done, {footer['todo']} to run; {rest}")
+    for line in footer["unrunnable"]:  # what `matrun sweep` refuses (or skips with --skip-unrunnable)
+        typer.echo(f"cannot run here: {line}", err=True)
+    if footer["unrunnable"]:
+        typer.echo(f"note: `matrun sweep` refuses these {len(footer['unrunnable'])} cell(s) before anything runs; "
+                   "--skip-unrunnable leaves them out and runs the others", err=True)
 
 
 @command(app)
@@ -56,8 +67,12 @@ def sweep(
     matrix: MatrixArg = Path("matrix.toml"),
     profile: ProfileOpt = None,
     where: WhereOpt = [],
+    sets: SetOpt = [],
+    skip_unrunnable: Annotated[bool, typer.Option("--skip-unrunnable", help="Leave out, and list, the cells this "
+        "host or executor cannot run (a site Python without their framework, say) and run the others; without it "
+        "they are refused, by name, before anything runs.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Run again even the cells that already have an ok run.")] = False,
-    executor: Annotated[Optional[str], typer.Option(help="auto, local, docker or slurm (default: the matrix's [sweep] "
+    executor: Annotated[Optional[str], typer.Option(help="auto, local, docker or slurm (default: the matrix's \\[sweep] "
         "executor; auto: docker when a Docker engine answers, else local).")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Slurm: submit and return; a later `matrun sweep` "
         "or `matrun ingest` picks the results up, `matrun cancel` stops the jobs.")] = False,
@@ -74,13 +89,15 @@ def sweep(
         "(damaged, in conflict, or refused by the warehouse); they are listed all the same.")] = False,
 ) -> None:
     """Run every cell that has no successful run yet, ingest each run as it ends."""
+    overrides = parse_overrides(sets)
     signal.signal(signal.SIGTERM, _sigterm)
     display = SweepDisplay(err)  # a live progress line on a terminal, plain lines elsewhere
     slurm = {"partition": partition, "account": account, "qos": qos, "throttle": throttle,
              "exclusive": exclusive, "sbatch_args": sbatch_arg or None}
     try:
         summary = run_sweep(matrix_path=matrix, where=where, force=force, executor=executor, on_event=display,
-                            detach=detach, slurm=slurm, profile=profile)
+                            detach=detach, slurm=slurm, profile=profile, overrides=overrides,
+                            skip_unrunnable=skip_unrunnable)
     except SweepStopped as stopped:  # what ran until then, then the Error line (common.py)
         display.stop()
         if stopped.summary.ran or stopped.summary.ingested or stopped.summary.skipped:
@@ -92,7 +109,7 @@ def sweep(
     if summary.failed:
         raise typer.Exit(1)
     if summary.skipped and not allow_skipped:
-        raise _skipped_error(summary, load_matrix(matrix, profile).sweep.warehouse)
+        raise _skipped_error(summary, load_matrix(matrix, profile, overrides).sweep.warehouse)
 
 
 def _skipped_error(summary: SweepSummary, warehouse: Path) -> BundleError:
@@ -125,6 +142,8 @@ def _print_summary(summary: SweepSummary) -> None:
                f"{len(summary.skipped)} skipped")
     for line in summary.skipped:
         typer.echo(f"skipped {line} (the bundle stays on disk; `matrun ingest` loads it once fixed)", err=True)
+    for line in summary.unrunnable:
+        typer.echo(f"not run, cannot run here (--skip-unrunnable): {line}", err=True)
 
 
 def _sigterm(signum: int, frame: Any) -> None:
@@ -132,12 +151,14 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 
 @command(app)
-def status(matrix: MatrixArg = Path("matrix.toml"), profile: ProfileOpt = None) -> None:
+def status(matrix: MatrixArg = Path("matrix.toml"), profile: ProfileOpt = None, sets: SetOpt = []) -> None:
     """Show, per cell of the matrix, how many repeats are done and how the last run ended."""
-    rows, counts = status_rows(matrix_path=matrix, profile=profile)
-    m = load_matrix(matrix, profile)
+    overrides = parse_overrides(sets)
+    rows, counts = status_rows(matrix_path=matrix, profile=profile, overrides=overrides)
+    m = load_matrix(matrix, profile, overrides)
     progress = cell_progress(m.sweep.results / m.sweep.name)  # None: no Slurm submissions
-    table = Table(title=f"{matrix}: sweep {counts['sweep']}")
+    shown = f"{matrix} {spelled(overrides)}" if overrides else f"{matrix}"
+    table = Table(title=f"{shown}: sweep {counts['sweep']}")
     slurm_cols = ("queued", "running", "done", "failed") if progress else ()
     for col in ("cell", "label", "ok repeats", "last status", "attempts", *slurm_cols):
         table.add_column(col)
@@ -163,11 +184,12 @@ def status(matrix: MatrixArg = Path("matrix.toml"), profile: ProfileOpt = None) 
 def cancel(
     matrix: MatrixArg = Path("matrix.toml"),
     profile: ProfileOpt = None,
+    sets: SetOpt = [],
     wait: Annotated[float, typer.Option(help="Seconds to wait for the tasks to stop their containers.")] = 180.0,
 ) -> None:
     """Cancel the sweep's Slurm jobs (scancel); record and ingest the runs they stopped."""
     result = cancel_sweep(matrix_path=matrix, wait_s=wait, on_message=lambda text: typer.echo(text, err=True),
-                          profile=profile)
+                          profile=profile, overrides=parse_overrides(sets))
     if not result["job_ids"]:
         typer.echo(f"sweep {result['sweep']}: no queued or running Slurm job; nothing to cancel")
         return

@@ -4,6 +4,7 @@ reading the matrix, the host preflight and the warehouse's history.
 - ``params``: the host's registry of cell parameters, built from the harness's declaration
   (``runner/harness/spec.py``) with the frameworks this host can build; how values are spelled.
 - ``matrix``: matrix.toml read, checked and expanded into canonical, frozen cells.
+- ``overrides``: ``--set KEY=VALUE`` read (``matrix`` checks and applies the values).
 - ``presets``: ``preset = "framework-default"``: each framework's own example settings.
 - ``identity``: cell ids (identity parameters + environment) and ``plan_cells``.
 - ``selection``: ``--where`` parsed and applied.

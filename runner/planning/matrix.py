@@ -27,6 +27,7 @@ from matrun.frameworks import display_name, get_framework, parameter_server_fram
 from matrun.runner.harness.spec import (
     SYSTEM_VARIANT, interpreter_problem, knob_problem, layer_profile_problem, unused_keys,
 )
+from matrun.runner.planning.overrides import spelled
 from matrun.runner.planning.params import PARAMS, ParamError, plain, show
 from matrun.runner.planning.presets import apply_preset
 from matrun.runner.slurm.settings import SlurmSettings, parse_slurm_section
@@ -131,6 +132,8 @@ class Matrix:
     """Every profile the file declares, name -> its ``about`` text."""
     study: StudyDecl | None = None
     """``[study]``, ``[[findings]]`` and ``[paper]`` of a study file (None for a plain matrix)."""
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    """The ``--set`` values applied after the profile, parameter -> value as given."""
 
 
 class _Errors:
@@ -150,6 +153,13 @@ class _Errors:
         key = " -> ".join(printable(str(p), 60) for p in where)
         self.items.append(f"{self.file}: [{key}] {printable(message)}")
 
+    def add_line(self, text: str) -> None:
+        """A problem that is not the file's (a ``--set`` value), as its own line."""
+        if len(self.items) >= MAX_ERRORS:
+            self.more += 1
+            return
+        self.items.append(printable(text))
+
     def raise_if_any(self) -> None:
         if self.items:
             more = [f"{self.file}: … and {self.more:,} more problems"] if self.more else []
@@ -163,9 +173,11 @@ def printable(text: str, limit: int | None = None) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
-def load_matrix(path: Path, profile: str | None = None) -> Matrix:
+def load_matrix(path: Path, profile: str | None = None, overrides: Mapping[str, Any] | None = None) -> Matrix:
     """Read, validate and expand a matrix file, with ``[profiles.<profile>]`` applied when a
-    profile is named.  Raises ``MatrixError`` on any problem."""
+    profile is named, then the ``overrides`` (``--set``: parameter -> value, as
+    ``overrides.parse_overrides`` reads them; see ``apply_overrides``).  Raises
+    ``MatrixError`` on any problem."""
     shown = printable(str(path), 200)
     try:
         size = path.stat().st_size
@@ -186,10 +198,12 @@ def load_matrix(path: Path, profile: str | None = None) -> Matrix:
                           f"{MAX_NESTING} deep") from None
     except TomlError as exc:
         raise MatrixError(f"{name}: invalid TOML: {printable(str(exc))}") from None
-    return parse_matrix(doc, path=path.resolve(), profile=profile)
+    return parse_matrix(doc, path=path.resolve(), profile=profile, overrides=overrides)
 
 
-def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = None) -> Matrix:
+def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> Matrix:
+    overrides = dict(overrides or {})
     errors = _Errors(path)
     _check_nesting(doc, errors)
     errors.raise_if_any()
@@ -198,6 +212,7 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = No
             errors.add((key,), f"unknown section; expected one of {', '.join(SECTIONS)}")
     study = parse_study(doc, errors.add, param_names=tuple(PARAMS))
     profiles = _parse_profiles(doc.get("profiles", {}), errors, base=path.parent)
+    _check_overrides(overrides, errors)
     errors.raise_if_any()
     if profile is not None:
         if profile not in profiles:
@@ -205,6 +220,10 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = No
             raise MatrixError(f"{errors.file}: [profiles -> {printable(profile, 60)}] no such profile; "
                               f"this file declares: {declared}")
         doc = apply_profile(doc, doc["profiles"][profile], profile)
+    if overrides:
+        doc = apply_overrides(doc, overrides)
+        # what fails from here on may be the overrides' doing: the messages say they applied
+        errors.file = printable(f"{errors.file} with {spelled(overrides)}", 300)
     sweep = _parse_sweep(doc.get("sweep", {}), errors, base=path.parent)
     fixed = _parse_fixed(doc.get("fixed", {}), errors)
     axes = _parse_axes(doc.get("axes", {}), errors)
@@ -256,7 +275,8 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = No
 
     varying = tuple(k for k in PARAMS if _varies(resolved, k))
     cells = tuple(CellParams(MappingProxyType(r), varying) for r in resolved)
-    return Matrix(path=path, sweep=sweep, cells=cells, slurm=slurm, profile=profile, profiles=profiles, study=study)
+    return Matrix(path=path, sweep=sweep, cells=cells, slurm=slurm, profile=profile, profiles=profiles, study=study,
+                  overrides=MappingProxyType(overrides))
 
 
 def _parse_profiles(raw: Any, errors: _Errors, *, base: Path) -> dict[str, str]:
@@ -321,23 +341,57 @@ def apply_profile(doc: Mapping[str, Any], profile: Mapping[str, Any], name: str)
     remaining ones.  A base zip table that loses keys keeps the rest, its repeated rows
     dropped.  The sweep's name becomes ``<name>-<profile>`` unless the profile names it, so
     each profile has its own results folder."""
-    def table(value: Any) -> dict[str, Any]:
-        return dict(value) if isinstance(value, dict) else {}
-
     out = dict(doc)
     if isinstance(doc.get("sweep", {}), dict):  # (a malformed base is reported as such later)
         sweep = dict(doc.get("sweep", {}))
         base_name = sweep.get("name", SweepSettings.name)
         sweep["name"] = f"{base_name}-{name}" if isinstance(base_name, str) else base_name
-        sweep.update(table(profile.get("sweep")))
+        sweep.update(_table(profile.get("sweep")))
         out["sweep"] = sweep
-    p_fixed, p_axes = table(profile.get("fixed")), table(profile.get("axes"))
+    p_fixed, p_axes = _table(profile.get("fixed")), _table(profile.get("axes"))
     p_zips = [dict(g) for g in profile.get("zip", []) if isinstance(g, dict)]
-    moved = set(p_fixed) | set(p_axes) | {k for g in p_zips for k in g}
+    out = _without(out, set(p_fixed) | set(p_axes) | {k for g in p_zips for k in g})
     if isinstance(doc.get("fixed", {}), dict):
-        out["fixed"] = {**{k: v for k, v in doc.get("fixed", {}).items() if k not in moved}, **p_fixed}
+        out["fixed"] = {**out.get("fixed", {}), **p_fixed}
     if isinstance(doc.get("axes", {}), dict):
-        out["axes"] = {**{k: v for k, v in doc.get("axes", {}).items() if k not in moved}, **p_axes}
+        out["axes"] = {**out.get("axes", {}), **p_axes}
+    if isinstance(doc.get("zip", []), list):
+        out["zip"] = [*out.get("zip", []), *p_zips]
+    return out
+
+
+def apply_overrides(doc: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The matrix document (its profile applied) with ``--set`` values: each becomes a
+    ``[fixed]`` value, taken out of ``[axes]`` and ``[[zip]]`` as a profile's are (a zip table
+    that loses keys keeps the rest, its repeated rows dropped), and replaces the value of every
+    ``[[include]]`` row that names it.  ``[[exclude]]`` rules stay as written: a rule naming an
+    overridden key is tested against its new value, as it would be had the file fixed it (a
+    rule that excluded another value no longer excludes anything).  The result is the document
+    of the same file edited so: each value written in ``[fixed]`` in place of wherever the file
+    set the key; each cell, and its id, is the one that edit gives.  The sweep's name is kept
+    (its results folder too: the cells' ids tell them apart)."""
+    out = _without(doc, set(overrides))
+    if isinstance(doc.get("fixed", {}), dict):
+        out["fixed"] = {**out.get("fixed", {}), **overrides}
+    if isinstance(doc.get("include", []), list):
+        out["include"] = [{k: overrides.get(k, v) for k, v in row.items()} if isinstance(row, dict) else row
+                          for row in doc.get("include", [])]
+    return out
+
+
+def _table(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _without(doc: Mapping[str, Any], moved: set[str]) -> dict[str, Any]:
+    """The document with the parameters ``moved`` taken out of ``[fixed]``, ``[axes]`` and
+    every ``[[zip]]`` table (one that loses keys keeps the rest, its rows made unique; one
+    left empty is dropped).  Malformed sections are kept as they are, to be reported."""
+    out = dict(doc)
+    if isinstance(doc.get("fixed", {}), dict):
+        out["fixed"] = {k: v for k, v in doc.get("fixed", {}).items() if k not in moved}
+    if isinstance(doc.get("axes", {}), dict):
+        out["axes"] = {k: v for k, v in doc.get("axes", {}).items() if k not in moved}
     if isinstance(doc.get("zip", []), list):
         zips: list[Any] = []
         for group in doc.get("zip", []):
@@ -352,8 +406,28 @@ def apply_profile(doc: Mapping[str, Any], profile: Mapping[str, Any], name: str)
                 kept = {k: [v[i] for i in rows.values()] for k, v in kept.items()}
             if kept:
                 zips.append(kept)
-        out["zip"] = zips + p_zips
+        out["zip"] = zips
     return out
+
+
+def _check_overrides(overrides: Mapping[str, Any], errors: _Errors) -> None:
+    """Each ``--set`` value checked as the file's own value of the key is, each problem a line
+    ``--set <key>: <words>``."""
+    for key, value in overrides.items():
+        label = f"--set {printable(str(key), 60)}"
+        param = PARAMS.get(key) if isinstance(key, str) else None
+        if param is None:
+            errors.add_line(f"{label}: unknown parameter; known: {', '.join(PARAMS)}")
+            continue
+        deep = _Errors(Path("--set"))
+        _check_nesting({"fixed": {key: value}}, deep)  # as deep as the file's [fixed] may nest
+        if deep.items:
+            errors.add_line(f"{label}: nests tables and arrays more than {MAX_NESTING} deep")
+            continue
+        try:
+            param.check(value)
+        except ParamError as exc:
+            errors.add_line(f"{label}: {exc}")
 
 
 def _combinations(axes: dict[str, list[Any]], zips: list[dict[str, list[Any]]],

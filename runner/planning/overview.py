@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from matrun.runner.environments.system import system_refusal
 from matrun.runner.executors.registry import get_executor
+from matrun.runner.harness.spec import SYSTEM_VARIANT
 from matrun.runner.planning.history import done_runs, durations
 from matrun.runner.planning.identity import plan_cells
 from matrun.runner.planning.matrix import load_matrix
@@ -14,13 +16,15 @@ from matrun.runner.planning.selection import parse_where, select
 from matrun.warehouse.bundles.layout import RESULT
 
 
-def plan_rows(*, matrix_path: Path, where: Sequence[str] = (),
-              profile: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One row per selected cell, and a footer with counts and the time estimate.
+def plan_rows(*, matrix_path: Path, where: Sequence[str] = (), profile: str | None = None,
+              overrides: Mapping[str, Any] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One row per selected cell, and a footer with counts, the time estimate and
+    ``unrunnable``: "cell <id> (<label>): <reason>" for each ``variant = "system"`` cell whose
+    interpreter cannot run it (too old, the framework missing), which a sweep refuses.
 
     A row holds each varying parameter's value as text, ``-`` where the cell does not use it.
     """
-    matrix = load_matrix(matrix_path, profile)
+    matrix = load_matrix(matrix_path, profile, overrides)
     runner, _ = get_executor(matrix.sweep.executor)
     cells = select(plan_cells(matrix, runner.env_id), parse_where(where))
     done = done_runs(matrix.sweep.warehouse)
@@ -40,9 +44,12 @@ def plan_rows(*, matrix_path: Path, where: Sequence[str] = (),
         rows.append({"cell_id": pc.cell_id, "env_id": pc.env_id, "done": n_done,
                      "estimate_s": known.get(pc.cell_id),
                      **{k: _shown(pc.cell.values[k]) for k in varying}})
+    unrunnable = [f"cell {pc.cell_id} ({pc.cell.label}): {reason}" for pc in cells
+                  if pc.cell.values["variant"] == SYSTEM_VARIANT
+                  and (reason := system_refusal(pc.cell.values["framework"], pc.cell.values["python"]))]
     footer = {"cells": len(cells), "repeats": repeats, "runs": len(cells) * repeats,
               "done": len(cells) * repeats - todo, "todo": todo, "varying": varying,
-              "estimate_s": estimate if have_estimate and todo else None}
+              "estimate_s": estimate if have_estimate and todo else None, "unrunnable": unrunnable}
     return rows, footer
 
 
@@ -51,9 +58,10 @@ def _shown(value: Any) -> str:
     return "-" if value is None else as_text(value)
 
 
-def status_rows(*, matrix_path: Path, profile: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def status_rows(*, matrix_path: Path, profile: str | None = None,
+                overrides: Mapping[str, Any] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per cell: ok repeats, last status, attempts; and totals by state."""
-    matrix = load_matrix(matrix_path, profile)
+    matrix = load_matrix(matrix_path, profile, overrides)
     runner, _ = get_executor(matrix.sweep.executor)
     cells = plan_cells(matrix, runner.env_id)
     done = done_runs(matrix.sweep.warehouse)

@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from matrun.errors import SweepLocked
 from matrun.runner.executors.protocol import AsyncExecutor, JobTracker, PreparedRun, RunOutcome, TrackedRun
@@ -137,11 +137,12 @@ class _Unnamed:
 
 def cancel_sweep(*, matrix_path: Path, wait_s: float = CANCEL_WAIT_S,
                  on_message: Callable[[str], None] = lambda text: None,
-                 profile: str | None = None) -> dict[str, Any]:
+                 profile: str | None = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``matrun cancel``: scancel the sweep's recorded Slurm jobs, wait until their tasks have
     stopped their containers, record what ran as cancelled and ingest it (unless a running
-    ``matrun sweep`` holds the sweep: it does that itself)."""
-    matrix = load_matrix(matrix_path, profile)
+    ``matrun sweep`` holds the sweep: it does that itself).  ``overrides`` (``--set``) are
+    checked as the sweep's were; they do not change which sweep it is."""
+    matrix = load_matrix(matrix_path, profile, overrides)
     sweep_dir = matrix.sweep.results / matrix.sweep.name
     jobs = SweepJobs(sweep_dir, matrix.slurm)
     outcome: dict[str, Any] = {"sweep": matrix.sweep.name, "job_ids": [], "ended": True, "recorded": 0,

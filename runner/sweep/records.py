@@ -86,6 +86,8 @@ class SweepSummary:
     in_flight: int = 0  # runs queued or running from earlier submissions when this sweep started
     detached: bool = False
     warnings: list[str] = field(default_factory=list)
+    # cells left out by --skip-unrunnable: "cell <id> (<label>): <reason>"
+    unrunnable: list[str] = field(default_factory=list)
 
     def count(self, status: str) -> None:
         """One more run that ended with ``status``."""

@@ -61,10 +61,15 @@ LOW_SPACE_BYTES = 1 << 20
 def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = False,
               executor: str | None = None, on_event: Callable[[SweepEvent], None] | None = None,
               detach: bool = False, slurm: Mapping[str, Any] | None = None,
-              profile: str | None = None) -> SweepSummary:
+              profile: str | None = None, overrides: Mapping[str, Any] | None = None,
+              skip_unrunnable: bool = False) -> SweepSummary:
     """Run (or, for slurm, submit) every selected (cell, repeat) without an ok run.
 
-    ``profile``: the matrix's ``[profiles.<name>]`` to apply.  A study file's declaration
+    ``profile``: the matrix's ``[profiles.<name>]`` to apply; ``overrides``: the ``--set``
+    values applied after it (``matrix.apply_overrides``).  Selected cells the executor cannot
+    run (``refusal``: a site Python without the cell's framework, say) are refused together,
+    by name, before anything runs; with ``skip_unrunnable`` they are left out instead, listed
+    in ``summary.unrunnable``, and the others run.  A study file's declaration
     (``[study]``, its findings and the profile's cells) is recorded in the warehouse before
     anything runs, so the ``findings`` view can judge the study's cells.
 
@@ -74,15 +79,17 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
     """
     try:
         return _run_sweep(matrix_path=matrix_path, where=where, force=force, executor=executor,
-                          emit=on_event or (lambda event: None), detach=detach, slurm=slurm, profile=profile)
+                          emit=on_event or (lambda event: None), detach=detach, slurm=slurm, profile=profile,
+                          sets=overrides, skip_unrunnable=skip_unrunnable)
     except OSError as exc:  # a path of the sweep's the system refused, before anything ran
         raise path_error(exc) from None
 
 
 def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor: str | None,
                emit: Callable[[SweepEvent], None], detach: bool,
-               slurm: Mapping[str, Any] | None, profile: str | None = None) -> SweepSummary:
-    matrix = load_matrix(matrix_path, profile)
+               slurm: Mapping[str, Any] | None, profile: str | None = None,
+               sets: Mapping[str, Any] | None = None, skip_unrunnable: bool = False) -> SweepSummary:
+    matrix = load_matrix(matrix_path, profile, sets)  # sets: the --set values
     filters = parse_where(where)
     name = executor or matrix.sweep.executor
     overrides = {k: v for k, v in (slurm or {}).items() if v is not None and v != () and v != []}
@@ -94,6 +101,10 @@ def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor
     emit(SweepEvent("message", picked))
     every_cell = plan_cells(matrix, runner.env_id)
     cells = select(every_cell, filters)
+    summary = SweepSummary(sweep=matrix.sweep.name, executor=runner.name)
+    cells, summary.unrunnable = _runnable(cells, runner, skip=skip_unrunnable)
+    for line in summary.unrunnable:
+        emit(SweepEvent("message", f"skipped, cannot run here (--skip-unrunnable): {line}"))
     canary_cell = _canary_cell(matrix, runner, every_cell, cells)  # [sweep] canary's cell, or None
     extra_cell = canary_cell is not None and canary_cell.cell_id not in {pc.cell_id for pc in cells}
     checked = [*cells, canary_cell] if extra_cell else cells  # the canary's cell is checked too
@@ -104,8 +115,7 @@ def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor
         preflight_study(matrix, cells)
         preflight(checked, data_dir)
     _check_enforced(checked, runner)
-    _check_refusals(checked, runner)
-    summary = SweepSummary(sweep=matrix.sweep.name, executor=runner.name)
+    _check_refusals(checked[len(cells):], runner)  # the canary's own cell, when it is not one of them
     sweep_dir = matrix.sweep.results / matrix.sweep.name
     sweep_dir.mkdir(parents=True, exist_ok=True)
 
@@ -419,6 +429,39 @@ def _reads_whole(run_dir: Path) -> bool:
     except MatrunError:
         return False
     return True
+
+
+#: At most this many refused cells are named in the error; the rest are counted.
+MAX_REFUSED_SHOWN = 20
+
+
+def _runnable(cells: Sequence[PlannedCell], runner: Executor, *,
+              skip: bool) -> tuple[list[PlannedCell], list[str]]:
+    """The cells the executor can run, and ``cell <id> (<label>): <reason>`` for each it
+    refuses (``refusal``), asked before anything runs: refused cells are an ``InputError``
+    naming them all, unless ``skip`` (``--skip-unrunnable``) leaves them out; with nothing
+    left to run they are an error all the same."""
+    runnable: list[PlannedCell] = []
+    refused: list[str] = []
+    for pc in cells:
+        reason = runner.refusal(pc.params)
+        if reason:
+            refused.append(f"cell {pc.cell_id} ({pc.cell.label}): {reason}")
+        else:
+            runnable.append(pc)
+    if not refused or (skip and runnable):
+        return runnable, refused
+    lines = refused[:MAX_REFUSED_SHOWN]
+    if len(refused) > MAX_REFUSED_SHOWN:
+        lines.append(f"… and {len(refused) - MAX_REFUSED_SHOWN:,} more cells refused")
+    if runnable:
+        lines.append(f"nothing ran: {len(refused):,} of {len(cells):,} cells cannot run here; --skip-unrunnable "
+                     f"skips them and runs the other {len(runnable):,}")
+    elif skip:
+        lines.append("--skip-unrunnable: no cell of the selection is left to run")
+    elif len(refused) > 1:
+        lines.append(f"nothing ran: none of the {len(cells):,} cells can run here")
+    raise InputError("\n".join(lines))
 
 
 def _check_refusals(cells: Sequence[PlannedCell], runner: Executor) -> None:
