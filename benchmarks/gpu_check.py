@@ -413,6 +413,8 @@ def check(args: argparse.Namespace) -> int:
             result = oracle(python, fw, cfg, out, log)
             print(f"  {fw} {precision} {cfg['layout']}: {result}", flush=True)
             oracles.append({**cfg, **result})
+            with (out / "oracles.partial.jsonl").open("a", encoding="utf-8") as f:  # kept if the check is cut short
+                f.write(json.dumps(oracles[-1]) + "\n")
     (out / "oracles.jsonl").write_text("".join(json.dumps(o) + "\n" for o in oracles), encoding="utf-8")
     report["oracles"] = oracles
 
