@@ -131,18 +131,22 @@ def gpu_present(python: str) -> str | None:
 MATRUN = [sys.executable, "-c", "from matrun.runner.cli.main import main; main()"]
 
 
-def matrix_text(python: str, frameworks: list[str], device: str, size: dict[str, Any], out: Path) -> str:
-    configs = GPU_CONFIGS if device == "gpu" else CPU_CONFIGS
-    rows = []
-    for fw in frameworks:
-        for precision, layout in configs[fw]:
-            row = f'[[include]]\nframework = "{fw}"\nprecision = "{precision}"\n'
-            if layout is not None or device == "cpu":  # the CPU keeps matrun's nchw unless told
-                row += f'layout = "{layout or DEFAULT_LAYOUT[fw]}"\n'
-            rows.append(row)
+def configs_for(fw: str, device: str, precisions: list[str]) -> list[tuple[str, str | None]]:
+    configs = (GPU_CONFIGS if device == "gpu" else CPU_CONFIGS)[fw]
+    return [c for c in configs if not precisions or c[0] in precisions]
+
+
+def matrix_text(python: str, frameworks: list[str], device: str, size: dict[str, Any], out: Path,
+                precisions: list[str] | None = None, repeats: int = 1) -> str:
+    # one [[zip]] row per configuration (a matrix of [[include]] rows alone would also run the
+    # [fixed]-only cell); layout written out: on the CPU matrun keeps nchw unless told
+    picks = [(fw, precision, layout or DEFAULT_LAYOUT[fw]) for fw in frameworks
+             for precision, layout in configs_for(fw, device, precisions or [])]
+    rows = ["[[zip]]\n" + "".join(f"{key} = {json.dumps([p[i] for p in picks])}\n"
+                                   for i, key in enumerate(("framework", "precision", "layout")))]
     threads = "" if device == "gpu" else "threads = 2\n"
     return (f'[sweep]\nname = "gpu-check"\nresults = "{out / "results"}"\nwarehouse = "{out / "warehouse"}"\n'
-            f'repeats = 1\ntimeout = {size["timeout"]}\nexecutor = "local"\n\n'
+            f'repeats = {repeats}\ntimeout = {size["timeout"]}\nexecutor = "local"\n\n'
             f'[fixed]\nvariant = "system"\npython = {json.dumps(python)}\ndevice = "{device}"\n'
             f'model = "resnet50"\ndataset = "synthetic"\nsynthetic_shape = {json.dumps(size["shape"])}\n'
             f'synthetic_classes = {size["classes"]}\nsynthetic_train = {size["train"]}\n'
@@ -337,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="gpu-check", help="where everything lands (default: ./gpu-check)")
     parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
                         help="cpu: a small rehearsal on a host without a GPU")
+    parser.add_argument("--precisions", default="", help="comma-separated subset of the precisions (default: all)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each matrun cell and of each oracle (the table shows medians)")
     parser.add_argument("--frameworks", default="",
                         help="comma-separated subset (default: every framework the Python has)")
     args = parser.parse_args(argv)
@@ -353,6 +360,13 @@ def check(args: argparse.Namespace) -> int:
     unknown = [f for f in wanted if f not in NEEDS]
     if unknown:
         raise CheckError(f"--frameworks: unknown {', '.join(unknown)}; known: {', '.join(NEEDS)}")
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    known = sorted({p for cs in GPU_CONFIGS.values() for p, _ in cs})
+    if [p for p in precisions if p not in known]:
+        raise CheckError(f"--precisions: unknown {', '.join(p for p in precisions if p not in known)}; "
+                         f"known: {', '.join(known)}")
+    if not 1 <= args.repeats <= 20:
+        raise CheckError(f"--repeats: {args.repeats} is not from 1 to 20")
     frameworks = [fw for fw in (wanted or list(NEEDS)) if all(have.get(m) for m in NEEDS[fw])]
     lacking = [fw for fw in (wanted or []) if fw not in frameworks]
     if lacking:
@@ -373,14 +387,15 @@ def check(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"python": python, "device": args.device, "frameworks": frameworks, "size": size}
     started = time.time()
 
+    matrix = out / "matrix.toml"
+    matrix.write_text(matrix_text(python, frameworks, args.device, size, out, precisions, args.repeats),
+                      encoding="utf-8")
     print("== 1. matrun doctor", flush=True)
-    proc = run([*MATRUN, "doctor"], log=log, timeout=300, env=env)
+    proc = run([*MATRUN, "doctor", str(matrix)], log=log, timeout=300, env=env)
     print(proc.stdout[-3000:])
     report["doctor_exit"] = proc.returncode
 
     print("== 2. matrun sweep (local executor, the site's Python)", flush=True)
-    matrix = out / "matrix.toml"
-    matrix.write_text(matrix_text(python, frameworks, args.device, size, out), encoding="utf-8")
     t0 = time.perf_counter()
     proc = run([*MATRUN, "sweep", str(matrix), "--executor", "local"], log=log, timeout=3600, env=env)
     report["sweep_exit"], report["sweep_s"] = proc.returncode, time.perf_counter() - t0
@@ -401,8 +416,7 @@ def check(args: argparse.Namespace) -> int:
     oracles = []
     threads = 2 if args.device == "cpu" else None
     for fw in frameworks:
-        configs = (GPU_CONFIGS if args.device == "gpu" else CPU_CONFIGS)[fw]
-        for precision, layout in configs:
+        for precision, layout in configs_for(fw, args.device, precisions):
             cfg = {"framework": fw, "device": args.device, "precision": precision,
                    "layout": layout or DEFAULT_LAYOUT[fw], "conv_algo": DEFAULT_CONV_ALGO[fw] if args.device == "gpu"
                    else "heuristic", "batch": size["batch"], "iterations": size["iterations"],
@@ -410,11 +424,12 @@ def check(args: argparse.Namespace) -> int:
             if fw not in ORACLES or not all(have.get(m) for m in ORACLE_NEEDS[fw]):
                 oracles.append({**cfg, "error": "no oracle for this framework here"})
                 continue
-            result = oracle(python, fw, cfg, out, log)
-            print(f"  {fw} {precision} {cfg['layout']}: {result}", flush=True)
-            oracles.append({**cfg, **result})
-            with (out / "oracles.partial.jsonl").open("a", encoding="utf-8") as f:  # kept if the check is cut short
-                f.write(json.dumps(oracles[-1]) + "\n")
+            for _ in range(args.repeats):
+                result = oracle(python, fw, cfg, out, log)
+                print(f"  {fw} {precision} {cfg['layout']}: {result}", flush=True)
+                oracles.append({**cfg, **result})
+                with (out / "oracles.partial.jsonl").open("a", encoding="utf-8") as f:  # kept if cut short
+                    f.write(json.dumps(oracles[-1]) + "\n")
     (out / "oracles.jsonl").write_text("".join(json.dumps(o) + "\n" for o in oracles), encoding="utf-8")
     report["oracles"] = oracles
 
@@ -427,37 +442,51 @@ def check(args: argparse.Namespace) -> int:
 
 
 def table(runs: list[dict[str, Any]], oracles: list[dict[str, Any]]) -> list[str]:
+    """The ratio table (medians over the repeats of each side) and the fixed-cost table (per
+    matrun run, against the median of its configuration's oracle runs)."""
     lines = ["| framework | precision | layout | conv_algo | matrun img/s | oracle img/s | matrun/oracle |",
              "|---|---|---|---|---|---|---|"]
     fixed = ["", "| framework | precision | layout | wall s | timed steps s | evaluation s | matrun fixed s | "
                  "oracle fixed s | beyond the oracle s | data s | oracle import + device s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    ratios = []
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for o in oracles:
-        match = [r for r in runs if r["framework"] == o["framework"] and r["precision"] == o["precision"]
-                 and r["layout"] == o["layout"]]
-        r = match[0] if match else None
-        ours = r["throughput"] if r and r["status"] == "ok" else None
-        theirs = o.get("img_s")
-        ratio = f"{ours / theirs:.3f}" if ours and theirs else "-"
-        status = "" if r is None or r["status"] == "ok" else f" ({r['status']})"
-        lines.append(f"| {o['framework']} | {o['precision']} | {o['layout']} | {r['conv_algo'] if r else '-'} | "
-                     f"{f'{ours:,.0f}' if ours else '-'}{status} | {f'{theirs:,.0f}' if theirs else o.get('error', '-')} | "
-                     f"{ratio} |")
-        if r and r["status"] == "ok" and r["wall_seconds"] is not None and o.get("process_s"):
+        groups.setdefault((o["framework"], o["precision"], o["layout"]), []).append(o)
+    for (fw, precision, layout), group in groups.items():
+        mine = [r for r in runs if (r["framework"], r["precision"], r["layout"]) == (fw, precision, layout)]
+        ok = [r for r in mine if r["status"] == "ok" and r["throughput"]]
+        theirs_all = [o["img_s"] for o in group if o.get("img_s")]
+        ours = statistics.median(r["throughput"] for r in ok) if ok else None
+        theirs = statistics.median(theirs_all) if theirs_all else None
+        if ours and theirs:
+            ratios.append(ours / theirs)
+        spread = lambda xs: f" ({min(xs):,.0f}–{max(xs):,.0f}, n={len(xs)})" if len(xs) > 1 else ""
+        status = "" if not mine or ok else f" ({mine[0]['status']})"
+        conv = mine[0]["conv_algo"] if mine else "-"
+        lines.append(f"| {fw} | {precision} | {layout} | {conv} | "
+                     f"{f'{ours:,.0f}' if ours else '-'}{status}{spread([r['throughput'] for r in ok])} | "
+                     f"{f'{theirs:,.0f}' if theirs else group[0].get('error', '-')}{spread(theirs_all)} | "
+                     f"{f'{ours / theirs:.3f}' if ours and theirs else '-'} |")
+        done = [o for o in group if o.get("process_s")]
+        theirs_fixed = statistics.median(o["process_s"] - o["timed_s"] for o in done) if done else None
+        ready = statistics.median(o["ready_s"] for o in done) if done else None
+        for r in ok:
+            if r["wall_seconds"] is None or theirs_fixed is None:
+                continue
             ours_fixed = r["wall_seconds"] - (r["timed_s"] or 0.0) - (r["test_seconds"] or 0.0)
-            theirs_fixed = o["process_s"] - o["timed_s"]
-            fixed.append(f"| {o['framework']} | {o['precision']} | {o['layout']} | {r['wall_seconds']:.1f} | "
-                         f"{r['timed_s'] or 0.0:.2f} | {r['test_seconds'] or 0.0:.2f} | {ours_fixed:.2f} | "
-                         f"{theirs_fixed:.2f} | {ours_fixed - theirs_fixed:+.2f} | "
-                         f"{r['data_s'] if r['data_s'] is not None else float('nan'):.2f} | {o['ready_s']:.2f} |")
-    ratios = [float(line.rsplit("|", 2)[1]) for line in lines[2:] if line.rsplit("|", 2)[1].strip() not in ("-", "")]
+            data = r["data_s"] if r["data_s"] is not None else float("nan")
+            fixed.append(f"| {fw} | {precision} | {layout} | {r['wall_seconds']:.1f} | {r['timed_s'] or 0.0:.2f} | "
+                         f"{r['test_seconds'] or 0.0:.2f} | {ours_fixed:.2f} | {theirs_fixed:.2f} | "
+                         f"{ours_fixed - theirs_fixed:+.2f} | {data:.2f} | {ready:.2f} |")
     lines.append(f"\nratios: {len(ratios)}; min {min(ratios):.3f}; goal >= {GOAL_RATIO}" if ratios
                  else "\nratios: none (no configuration has both sides)")
     return lines + fixed + [
         "(matrun fixed: the run's wall time less its timed steps and evaluation: starting Python and the "
         "harness, importing the framework, starting the device, making the data, building and compiling "
         "the model, the warm-up steps, writing the results; oracle fixed: the same for the oracle's "
-        f"process, which makes no data set and evaluates nothing; goal: beyond the oracle <= {GOAL_FIXED_S} s)"]
+        f"process (the median over its runs), which makes no data set and evaluates nothing; goal: beyond "
+        f"the oracle <= {GOAL_FIXED_S} s)"]
 
 
 if __name__ == "__main__":
