@@ -298,13 +298,24 @@ def test_spec_errors_name_the_key(tmp_path: Path) -> None:
 
 
 def test_harness_imports_only_stdlib_frameworks_and_itself() -> None:
-    """The core imports the standard library (and threadpoolctl); adapters add their framework."""
+    """The core imports the standard library (and threadpoolctl); adapters add their framework.
+    The core may also try numpy where it falls back to the standard library without it (an
+    import inside ``try: … except ImportError``: the synthetic data's fast path, datasets.py)."""
     core = set(sys.stdlib_module_names) | {"threadpoolctl"}
     frameworks = {"torch", "tensorflow", "keras", "mxnet", "numpy", "jax", "jaxlib", "flax", "optax",
                   "theano", "chainer"}
+    optional_in_core = {"numpy"}
+    tried = 0
     for path in sorted(HARNESS_DIR.rglob("*.py")):
         allowed = core | frameworks if path.parent.name == "adapters" else core
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        guarded = set()  # imports inside a try whose handler catches ImportError
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Try) and any(
+                    isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
+                    for h in node.handlers):
+                guarded |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
@@ -312,7 +323,12 @@ def test_harness_imports_only_stdlib_frameworks_and_itself() -> None:
             else:
                 continue
             for name in names:
-                assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+                top = name.split(".")[0]
+                if top not in allowed and id(node) in guarded and top in optional_in_core:
+                    tried += 1
+                    continue
+                assert top in allowed, f"{path.name} imports {name}"
+    assert tried == 1  # datasets.py's numpy; any other optional import is a decision to record here
 
 
 # --- real runs in the torch environment -------------------------------------------------

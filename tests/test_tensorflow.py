@@ -171,7 +171,8 @@ def test_two_workers_time_phases_and_calibrate_the_all_reduce(tmp_path, tf_env):
     calibrated = summary["exchange"]["calibration"]
     assert [b for b, _ in calibrated["points"]] == list(CALIBRATION_BYTES) == sorted(CALIBRATION_BYTES)
     assert all(seconds > 0 for _, seconds in calibrated["points"])
-    assert calibrated["points"][-1][1] > calibrated["points"][0][1]  # 4 MiB take longer than 4 KiB
+    # (which size takes longer is a measurement, not asserted: on a loaded 2-core host a 4 KiB
+    # all-reduce once took longer than a 4 MiB one, 3.65 ms against 3.43 ms, in CI)
     assert calibrated["bandwidth_bytes_per_s"] is None or calibrated["bandwidth_bytes_per_s"] > 0
     assert calibrated["latency_s"] is None or calibrated["latency_s"] >= 0
     assert (calibrated["pattern"], calibrated["transport"], calibrated["workers"],

@@ -399,7 +399,8 @@ def test_torch_one_and_two_workers_local(tmp_path, torch_env):
     calibration = s["exchange"]["calibration"]
     assert [b for b, _ in calibration["points"]] == [4096, 65536, 1048576, 4194304]
     assert all(seconds > 0 for _, seconds in calibration["points"])
-    assert calibration["points"][-1][1] > calibration["points"][0][1]  # 4 MiB takes longer than 4 KiB
+    # (which size takes longer is a measurement, not asserted: on a loaded 2-core host a 4 KiB
+    # all-reduce once took longer than a 4 MiB one, 3.65 ms against 3.43 ms, in CI)
     assert (calibration["pattern"], calibration["transport"], calibration["workers"],
             calibration["overlaps_backward"]) == ("ring all-reduce", "gloo", 2, True)
     assert calibration["bandwidth_bytes_per_s"] is None or calibration["bandwidth_bytes_per_s"] > 0
