@@ -63,8 +63,14 @@ CPU_CONFIGS: dict[str, list[tuple[str, str | None]]] = {
 # framework -> the modules the site's Python needs for matrun's cell (and, for the oracle, more)
 NEEDS = {"torch": ("torch",), "jax": ("jax", "flax", "optax"), "tensorflow": ("tensorflow",), "mxnet": ("mxnet",)}
 ORACLE_NEEDS = {"torch": ("torch", "torchvision"), "jax": ("jax", "flax", "optax")}
-DEFAULT_LAYOUT = {"torch": "nchw", "jax": "nhwc", "tensorflow": "nhwc", "mxnet": "nchw"}
-DEFAULT_CONV_ALGO = {"torch": "heuristic", "jax": "autotune", "tensorflow": "autotune", "mxnet": "autotune"}
+
+
+def framework_default(fw: str, key: str) -> str:
+    """A framework's own GPU ``layout`` / ``conv_algo``: ``[defaults]`` of its framework.toml,
+    the values matrun resolves an unset GPU cell to (docs/MATRIX.md "Framework defaults")."""
+    from matrun.frameworks import get_framework
+
+    return get_framework(fw).defaults[key]
 GOAL_RATIO = 0.97
 GOAL_FIXED_S = 2.0
 
@@ -98,7 +104,7 @@ def site_python(path: str) -> tuple[str, dict[str, bool]]:
         raise CheckError(f"--python {p}: no such file")
     if p.is_dir() or not os.access(p, os.X_OK):
         raise CheckError(f"--python {p}: not an executable file (a Python interpreter is wanted)")
-    modules = sorted({m for ms in (*NEEDS.values(), *ORACLE_NEEDS.values()) for m in ms} | {"pynvml"})
+    modules = sorted({m for ms in (*NEEDS.values(), *ORACLE_NEEDS.values()) for m in ms})
     code = ("import importlib.util, json, sys; print(json.dumps({'version': list(sys.version_info[:3]), "
             f"'have': {{m: importlib.util.find_spec(m) is not None for m in {modules!r}}}}}))")
     try:
@@ -140,7 +146,7 @@ def matrix_text(python: str, frameworks: list[str], device: str, size: dict[str,
                 precisions: list[str] | None = None, repeats: int = 1) -> str:
     # one [[zip]] row per configuration (a matrix of [[include]] rows alone would also run the
     # [fixed]-only cell); layout written out: on the CPU matrun keeps nchw unless told
-    picks = [(fw, precision, layout or DEFAULT_LAYOUT[fw]) for fw in frameworks
+    picks = [(fw, precision, layout or framework_default(fw, "layout")) for fw in frameworks
              for precision, layout in configs_for(fw, device, precisions or [])]
     rows = ["[[zip]]\n" + "".join(f"{key} = {json.dumps([p[i] for p in picks])}\n"
                                    for i, key in enumerate(("framework", "precision", "layout")))]
@@ -184,8 +190,12 @@ def matrun_runs(out: Path, env: dict[str, str], log: Path) -> list[dict[str, Any
         events = Path(row["bundle_path"] or "") / "events.jsonl"
         if events.is_file():
             for line in events.read_text(encoding="utf-8").splitlines():
-                if '"type": "data"' in line or '"type":"data"' in line:
-                    row["data_s"] = json.loads(line).get("load_seconds")
+                try:
+                    record = json.loads(line)
+                except ValueError:  # a run killed mid-line
+                    break
+                if record.get("type") == "data":
+                    row["data_s"] = record.get("load_seconds")
     return rows
 
 
@@ -418,7 +428,8 @@ def check(args: argparse.Namespace) -> int:
     for fw in frameworks:
         for precision, layout in configs_for(fw, args.device, precisions):
             cfg = {"framework": fw, "device": args.device, "precision": precision,
-                   "layout": layout or DEFAULT_LAYOUT[fw], "conv_algo": DEFAULT_CONV_ALGO[fw] if args.device == "gpu"
+                   "layout": layout or framework_default(fw, "layout"),
+                   "conv_algo": framework_default(fw, "conv_algo") if args.device == "gpu"
                    else "heuristic", "batch": size["batch"], "iterations": size["iterations"],
                    "warmup": size["warmup"], "shape": size["shape"], "classes": size["classes"], "threads": threads}
             if fw not in ORACLES or not all(have.get(m) for m in ORACLE_NEEDS[fw]):
