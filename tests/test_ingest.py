@@ -326,19 +326,25 @@ def edit_line_raw(path: Path, number: int, text: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-@pytest.mark.parametrize("case", sorted(BAD_BUNDLES))
-def test_bad_bundle_is_skipped_with_its_reason(tmp_path: Path, case: str) -> None:
-    break_it, name, reason = BAD_BUNDLES[case]
+def test_each_bad_bundle_is_skipped_with_its_own_reason_and_the_good_ones_land(tmp_path: Path) -> None:
+    # every case of BAD_BUNDLES in one results directory (a sweep each), between two good runs:
+    # one ingest, and each bad bundle is named with exactly its reason
     results, wh = tmp_path / "results", tmp_path / "w.duckdb"
-    good = make_bundle(results, cell_id="900d000000000001")
-    bad = make_bundle(results)
-    break_it(bad)
+    first = make_bundle(results, sweep="aaa-good", cell_id="900d000000000001")
+    expected = []
+    for n, case in enumerate(sorted(BAD_BUNDLES)):
+        break_it, name, reason = BAD_BUNDLES[case]
+        bad = make_bundle(results, sweep=f"bad-{n:02d}")
+        break_it(bad)
+        expected.append((bad.with_name(name).resolve(), reason))
+    last = make_bundle(results, sweep="zzz-good", cell_id="900d000000000002")
     report = ingest([results], warehouse=wh)
-    assert report.skipped == [(bad.with_name(name).resolve(), reason)]
-    assert report.ingested == [good.resolve()]
+    assert sorted(report.skipped) == sorted(expected)
+    assert report.ingested == [first.resolve(), last.resolve()]
     assert report.incomplete == [] and report.unchanged == []
-    assert rows(wh, "SELECT run_id FROM runs") == [("900d000000000001/0-1",)]
-    assert counts(wh) == {"runs": 1, "steps": 6, "epochs": 2, "monitor_samples": 2}
+    assert rows(wh, "SELECT run_id FROM runs ORDER BY run_id") == [("900d000000000001/0-1",),
+                                                                   ("900d000000000002/0-1",)]
+    assert counts(wh) == {"runs": 2, "steps": 12, "epochs": 4, "monitor_samples": 4}
 
 
 def test_incomplete_bundle_is_reported_apart(tmp_path: Path) -> None:
@@ -458,37 +464,27 @@ def _inject(monkeypatch: pytest.MonkeyPatch, changes: dict[Path, Callable[[Bundl
     monkeypatch.setattr(ingest_module, "load_bundle", load)
 
 
-@pytest.mark.parametrize("case", sorted(HOSTILE))
-def test_a_value_no_column_can_hold_skips_that_bundle_alone(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
-    change, reason = HOSTILE[case]
+def test_a_value_no_column_can_hold_skips_that_bundle_alone_with_its_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # every case of HOSTILE in one ingest, among good runs before, between and after them
     results, wh = tmp_path / "results", tmp_path / "w.duckdb"
-    first = make_bundle(results, cell_id="900d000000000001")
-    bad = make_bundle(results)
-    last = make_bundle(results, cell_id="ffff000000000001")
-    _inject(monkeypatch, {bad.resolve(): change})
-    report = ingest([results], warehouse=wh)
-    assert [path for path, _ in report.skipped] == [bad.resolve()]
-    given = report.skipped[0][1]  # a reason ending in a space is a prefix (DuckDB's text follows)
-    assert given.startswith(reason) if reason.endswith(" ") else given == reason
-    assert report.ingested == [first.resolve(), last.resolve()]
-    assert counts(wh) == {"runs": 2, "steps": 12, "epochs": 4, "monitor_samples": 4}
-    assert rows(wh, "SELECT count(*) FROM layers") == [(0,)]
-    monkeypatch.undo()
-    assert ingest([results], warehouse=wh).counts == {  # the bundle on disk is fine: it goes in now
-        "ingested": 1, "unchanged": 2, "skipped": 0, "incomplete": 0}
-
-
-def test_many_bad_bundles_among_good_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    results, wh = tmp_path / "results", tmp_path / "w.duckdb"
-    good = [make_bundle(results, cell_id=f"900d{n:012x}") for n in range(6)]
-    bad = {make_bundle(results, cell_id=f"0bad{n:012x}").resolve(): HOSTILE[case][0]
-           for n, case in enumerate(sorted(HOSTILE))}
-    _inject(monkeypatch, bad)
+    good = [make_bundle(results, cell_id=f"{prefix}00000000000{n}") for n, prefix in enumerate(("0000", "5555", "ffff"))]
+    bad = {}
+    for n, case in enumerate(sorted(HOSTILE)):
+        cell = f"{'0bad' if n % 2 else 'abad'}{n:012x}"
+        bad[make_bundle(results, cell_id=cell).resolve()] = HOSTILE[case]
+    _inject(monkeypatch, {path: change for path, (change, _) in bad.items()})
     report = ingest([results], warehouse=wh)
     assert sorted(path for path, _ in report.skipped) == sorted(bad)
+    for path, given in report.skipped:
+        reason = bad[path][1]  # a reason ending in a space is a prefix (DuckDB's text follows)
+        assert given.startswith(reason) if reason.endswith(" ") else given == reason, (path, given)
     assert report.ingested == [g.resolve() for g in good]
-    assert counts(wh) == {"runs": 6, "steps": 36, "epochs": 12, "monitor_samples": 12}
+    assert counts(wh) == {"runs": 3, "steps": 18, "epochs": 6, "monitor_samples": 6}
+    assert rows(wh, "SELECT count(*) FROM layers") == [(0,)]
+    monkeypatch.undo()
+    assert ingest([results], warehouse=wh).counts == {  # the bundles on disk are fine: they go in now
+        "ingested": len(bad), "unchanged": 3, "skipped": 0, "incomplete": 0}
 
 
 @pytest.mark.parametrize("error", [RecursionError("maximum recursion depth exceeded"),
