@@ -6,6 +6,7 @@ table it printed on an H100."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,34 @@ def test_the_matrix_holds_exactly_the_configurations_at_each_frameworks_gpu_defa
     only = gc.matrix_text("/usr/bin/python3", ["jax"], "gpu", gc.sizes("gpu"), tmp_path, ["bf16"], 1)
     (cell,) = parse_matrix(loads(only), path=tmp_path / "matrix.toml").cells  # no [fixed]-only extra cell
     assert (cell.values["framework"], cell.values["precision"]) == ("jax", "bf16")
+
+
+def test_every_epochs_evaluation_counts_as_evaluation_not_fixed_cost(tmp_path: Path) -> None:
+    gc = load_script()
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    lines = [{"type": "header"}, {"type": "data", "load_seconds": 1.25},
+             {"type": "epoch", "epoch": 0, "test_seconds": 4.0},  # its evaluation program compiled
+             {"type": "epoch", "epoch": 1, "test_seconds": 0.5, "validation_seconds": 0.25}]
+    (bundle / "events.jsonl").write_text("\n".join(map(json.dumps, lines)) + '\n{"type": "epo', encoding="utf-8")
+    assert gc.bundle_times(bundle) == (1.25, 4.75)  # the line cut mid-record ends the reading
+    assert gc.bundle_times(tmp_path / "missing") == (None, None)
+    run = {"framework": "jax", "precision": "bf16", "layout": "nhwc", "conv_algo": "autotune", "status": "ok",
+           "throughput": 100.0, "wall_seconds": 20.0, "timed_s": 5.0, "test_seconds": 0.5, "data_s": 1.25,
+           "eval_s": 4.75}
+    oracle = {"framework": "jax", "precision": "bf16", "layout": "nhwc", "img_s": 100.0, "process_s": 12.0,
+              "timed_s": 2.0, "ready_s": 3.0}
+    text = "\n".join(gc.table([run], [oracle]))
+    # wall 20 - timed 5 - evaluation 4.75 = 10.25 fixed; the oracle's 12 - 2 = 10: +0.25 beyond it
+    assert "| jax | bf16 | nhwc | 20.0 | 5.00 | 4.75 | 10.25 | 10.00 | +0.25 | 1.25 | 3.00 |" in text
+    assert "| jax | bf16 | nhwc | autotune | 100 | 100 | 1.000 |" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "Error: --steps and --warmup must be at least 1"),
+    (["--warmup", "-3"], "Error: --steps and --warmup must be at least 1"),
+])
+def test_the_jax_step_gap_benchmark_refuses_bad_counts(args: list[str], message: str) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "jax_step_gap.py"), "--device", "cpu", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == message and "Traceback" not in proc.stderr

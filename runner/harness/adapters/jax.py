@@ -2,8 +2,9 @@
 one jitted training step, timed per call with ``block_until_ready``.
 
 JAX dispatches asynchronously: a jitted call returns before the device has run it.  Every
-timed region therefore ends with ``jax.block_until_ready`` on the step's outputs, and the
-batch a step reads is made ready *before* the clock starts.  XLA compiles one program per
+timed region therefore ends with ``jax.block_until_ready`` on the step's outputs (its loss,
+correct count and flag: the new state is an output of the same execution, ready with them),
+and the batch a step reads, and its step counter, are made ready *before* the clock starts.  XLA compiles one program per
 input shape: the programs of every batch shape a run meets (the full batch and the epoch's
 last partial one) are compiled ahead of time (``jit(...).lower(...).compile()``), before the
 first timed step, so no step's time holds a compilation.
@@ -788,6 +789,7 @@ class Trainer:
         # the phases one call of the jitted step runs, fused (a mesh's psum is inside it)
         self.phase = "forward+backward+exchange+update" if place.sharded else "forward+backward+update"
         self._compiled: dict[Any, Any] = {}
+        self._indices: dict[int, Any] = {}
         if place.sharded:
             from jax.sharding import NamedSharding, PartitionSpec
 
@@ -940,12 +942,25 @@ class Trainer:
     def _state_arg(self) -> Any:
         return self.state.state if isinstance(self.state, Sharded) else self.state
 
+    def indices(self, count: int) -> None:
+        """Put the next ``count`` step counters on the device ahead of their steps (outside
+        the clock: a ``device_put`` per step is a host round trip inside it)."""
+        self._indices = {i: self._index(i) for i in range(self.step_index, self.step_index + count)}
+
     def run(self, size: int, x: Any, y: Any, w: Any) -> tuple[Any, Any, Any]:
         """One step (inputs from ``batch``); returns (loss sum, correct, input-gradient flag)
-        of this process, once the device has finished."""
+        of this process, once the device has finished.
+
+        The wait is for the three small outputs: every output of one XLA execution is ready
+        when that execution ends (one program, one completion event per device), so waiting
+        on the new state's ~500 arrays as well only adds host time to every timed step (about
+        3 ms of a 28 ms bf16 ResNet-50 step on an H100)."""
         compiled = self._compiled[self._key(size)]
-        new, loss_sum, correct, computed = compiled(self._state_arg(), x, y, w, self._index(self.step_index))
-        jax.block_until_ready((new, loss_sum, correct, computed))
+        index = self._indices.pop(self.step_index, None)
+        if index is None:
+            index = self._index(self.step_index)
+        new, loss_sum, correct, computed = compiled(self._state_arg(), x, y, w, index)
+        jax.block_until_ready((loss_sum, correct, computed))
         self.state = Sharded(new) if self.place.sharded else new
         self.step_index += 1
         return loss_sum, correct, computed
@@ -977,6 +992,7 @@ def train_epoch(trainer: Trainer, feed: Feed, starts: list[tuple[int, int]], *, 
     program), each mark after the ``block_until_ready`` that every step makes."""
     t_epoch = time.perf_counter()
     trainer.prepare([size for _, size in starts])
+    trainer.indices(len(starts))
     order = np.random.default_rng([seed, epoch]).permutation(len(feed.y))
     batches = feed.epoch(starts, order, rank=ctx.rank, world=ctx.world)
     sums, counts, computed = [], [], []
