@@ -17,15 +17,14 @@ BIN    := $(VENV)/bin
 FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 # `make test` runs the suite in three lanes (tests/conftest.py, docs/ARCHITECTURE.md "Tests").
 # The light files (no framework, container or Slurm: DuckDB, the CLI, the report) run on
-# TEST_WORKERS pytest-xdist workers at nice 10, in the background, from the start, and so does
-# tests/prebuild.py (niced too), which builds the framework environments and images the heavy
-# lane's fixtures use, through the same build paths (from nothing ~20 minutes, much of it waiting
-# on the network and the disk).  The heavy files run at once, in one process at normal priority,
-# beside both: a fixture whose environment or image the prebuild is making waits for it (the
-# builds' locks), one the prebuild has not reached yet it builds itself; a heavy test waits on
-# containers, Slurm and subprocesses about half its time (one of the two cores idle), and the
-# niced lanes take what it leaves, while a framework cell's OpenMP threads keep the cores when
-# they need them.  Last, alone, the files that measure the machine's own load.  `make test` fails when any lane failed.  TEST_WORKERS=1: the whole
+# TEST_WORKERS pytest-xdist workers at nice 10, in the background, from the start.  Meanwhile
+# tests/prebuild.py builds (niced too) the framework environments and images the heavy lane's
+# fixtures use, through the same build paths (from nothing ~20 minutes, much of it waiting on the
+# network and the disk); then the heavy files run in one process at normal priority, beside the
+# light lane: a heavy test waits on containers, Slurm and subprocesses for about half its time
+# (one of the two cores idle), and the niced light lane takes what it leaves, while a framework
+# cell's OpenMP threads keep the cores when they need them.  Last, alone, the files that measure
+# the machine's own load.  `make test` fails when any lane failed.  TEST_WORKERS=1: the whole
 # suite in one process, each fixture building what it needs.
 TEST_WORKERS ?= 2
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -133,9 +132,9 @@ test: install test-packages data engine browser slurm postgres
 	    -m "not heavy and not serial" --durations=30 > .cache/light.log 2>&1 & lightpid=$$!; \
 	  trap 'kill $$prebuild $$lightpid 2>/dev/null || true' EXIT; \
 	  echo "make test: the light lane runs niced in the background (.cache/light.log, printed when it ends)"; \
-	  $(BIN)/pytest -m "heavy and not serial" --durations=30 || heavy=$$?; \
-	  wait $$prebuild || echo "make test: the prebuild failed; the heavy lane's fixtures built what was missing"; \
+	  wait $$prebuild || echo "make test: the prebuild failed; the heavy lane's fixtures build what is missing"; \
 	  cat .cache/prebuild.log; \
+	  $(BIN)/pytest -m "heavy and not serial" --durations=30 || heavy=$$?; \
 	  wait $$lightpid || light=$$?; \
 	  echo "make test: the light lane:"; cat .cache/light.log; \
 	  $(BIN)/pytest -m serial --durations=30 || serial=$$?; \

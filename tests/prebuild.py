@@ -1,12 +1,9 @@
 """Build the environments and images the heavy test lane's session fixtures use, ahead of it.
 
-`make test` runs this in the background (niced) from the start, beside both test lanes: on a
-machine with nothing installed, building six framework environments and eleven images is about
-20 minutes of which much is waiting on the network and the disk (pip downloads, debootstrap,
-image layers), time the tests' CPU work can fill.  The heavy lane does not wait for it: a
-fixture that needs an environment or image this is making waits on that build's lock and finds
-it built; one this has not reached yet it builds itself (this then finds it built).  The
-environments come in the order the heavy lane's files (alphabetical) first need them.
+`make test` runs this in the background (niced) while the light lane runs, and waits for it
+before the heavy lane starts: on a machine with nothing installed, building six framework
+environments and eleven images is about 20 minutes of which much is waiting on the network and
+the disk (pip downloads, debootstrap, image layers), time the light lane's CPU work can fill.
 Each item goes through the very path its fixture takes (`ensure_env`; conftest.built_image:
 `engine.ensure_base_image` then `builds.build_images`), so a fixture then finds it built; the
 image's probe and the variant's promise check are left to the fixture (it runs them on an image
@@ -30,7 +27,7 @@ from test_theano import VARIANTS as THEANO_VARIANTS  # noqa: E402
 
 #: What the fixtures of tests/conftest.py, test_jax.py, test_theano.py, test_chainer.py and
 #: test_knobs.py build with ``ensure_env``.
-ENVS = [(framework, "cpu") for framework in ("torch", "chainer", "jax", "mxnet", "tensorflow", "theano")]
+ENVS = [(framework, "cpu") for framework in ("torch", "tensorflow", "mxnet", "jax", "theano", "chainer")]
 #: What ``built_image`` builds across the tests (cpu_images, torch_image, test_chainer,
 #: test_probe_blas, test_theano, test_docker_faults, test_workers).
 IMAGES = ([(framework, "cpu") for framework in ("torch", "tensorflow", "mxnet", "jax", "chainer")]
