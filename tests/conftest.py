@@ -11,17 +11,15 @@ FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
 # --- how the suite is split (`make test`: docs/ARCHITECTURE.md "Tests") ----------------------
-# `make test` runs the suite in three lanes (TEST_WORKERS=1: one process):
-#   1. `nice -n 10 pytest -n 2 --dist loadfile -m "not heavy and not serial"`, in the background
-#      from the start: the light files on two pytest-xdist workers, each file one unit of work
-#      (its module fixtures made once).  A light file runs no framework: it works on fabricated
-#      bundles, DuckDB, the CLI and the report.
-#   2. `pytest -m "heavy and not serial"`, beside it at normal priority: in one process, the heavy
-#      files (any of whose tests runs a framework, a container or the Slurm cluster: two such
-#      processes' multi-threaded OpenMP cells would oversubscribe a 2-core machine, and a cell
-#      ran up to six times slower).  A heavy test waits on containers, Slurm and subprocesses
-#      about half its time; the niced light lane fills that.
-#   3. `pytest -m serial`, alone, last: the files that measure the machine's own load.
+# `make test` runs the suite in two lanes, one after the other (TEST_WORKERS=1: one process):
+#   1. `pytest -n 2 --dist loadfile -m "not heavy and not serial"`: the light files, on two
+#      pytest-xdist workers, each file one unit of work (its module fixtures made once).  A
+#      light file runs no framework: it works on fabricated bundles, DuckDB, the CLI and the
+#      report, one core each, so two of them share the two cores well.
+#   2. `pytest -m "heavy or serial"`: in one process, the heavy files (any of whose tests runs a
+#      framework, a container or the Slurm cluster: the multi-threaded OpenMP cells of one worker
+#      and the other worker's load would oversubscribe the cores, and a cell ran up to six times
+#      slower) and the files that measure the machine's own load.
 # A file is heavy when one of its tests is marked slow or uses one of HEAVY_FIXTURES (checked
 # at collection, so a new test of the kind moves its file to the heavy lane by itself).
 

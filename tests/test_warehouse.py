@@ -212,7 +212,7 @@ def _release(proc: subprocess.Popen[str]) -> None:
     assert proc.stdin is not None
     proc.stdin.write("\n")
     proc.stdin.close()
-    proc.wait(timeout=120)
+    proc.wait(timeout=30)
 
 
 def test_second_writer_waits_then_gets_warehouse_locked_and_readers_never_wait(
@@ -246,7 +246,7 @@ def test_wait_s_waits_until_the_other_writer_is_gone(tmp_path: Path) -> None:
         with open_warehouse(path, wait_s=60) as wh:
             assert wh.con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
     finally:
-        proc.wait(timeout=120)
+        proc.wait(timeout=30)
 
 
 def test_a_plain_client_holding_a_snapshot_never_stops_an_ingest(tmp_path: Path) -> None:
@@ -265,7 +265,7 @@ def test_a_plain_client_holding_a_snapshot_never_stops_an_ingest(tmp_path: Path)
         assert reader.stdout.readline().strip() == "1"  # and its next one has the new run
     finally:
         reader.stdin.close()
-        reader.wait(timeout=120)
+        reader.wait(timeout=30)
     assert reader.returncode == 0
 
 
