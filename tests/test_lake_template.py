@@ -105,6 +105,33 @@ def test_an_unwritable_home_only_means_each_process_builds_its_own(tmp_path: Pat
     assert blocker.read_text() == "matrun's home cannot be made under a file\n"
 
 
+SETTINGS = """
+import sys
+from matrun.warehouse import catalog, db
+setting = "SELECT current_setting('enable_progress_bar')"
+seen = [catalog.lake_connect().execute(setting).fetchone()[0]]
+for read_only in (False, True):
+    db.forget_instances()
+    with db.open_warehouse(sys.argv[1], read_only=read_only) as w:
+        seen.append(w.con.execute(setting).fetchone()[0])
+        seen += [base.execute(setting).fetchone()[0] for base, _ in db._INSTANCES.values()]
+print(seen)
+"""
+
+
+def test_no_connection_matrun_opens_prints_a_progress_bar(home: Path, tmp_path: Path) -> None:
+    # DuckDB prints its progress bar to the process's stdout once a query passes 2 s: on a loaded
+    # host a script's count(*) through db.open_warehouse came out as "100% ▕███▏ (…) 0".  The bar is
+    # on by default in a script whose stdout is a pipe (pytest's own process has it off), on the
+    # instance's own connection (attaching, migrating, the views ran there); the cursors matrun
+    # hands out had it off.  Lowering progress_bar_time to show a bar would turn it on again: the
+    # setting itself is checked.
+    proc = subprocess.run([sys.executable, "-c", SETTINGS, str(tmp_path / "w.duckdb")], capture_output=True,
+                          text=True, env=os.environ.copy(), timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
+    assert proc.stdout == "[False, False, False, False, False]\n"
+
+
 def test_the_view_order_is_the_word_rule_of_every_view():
     """Each view comes after every view whose name is a word of its SQL (``\\b name \\b``)."""
     views = db.created_views()
