@@ -35,7 +35,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_check import JAX_RESNET50  # noqa: E402  (the oracle's network, written without matrun)
+from gpu_check import JAX_RESNET50  # noqa: E402  (the oracle's network and step, written without matrun)
 
 
 def median_ms(fn: Callable[[], Any], steps: int, warmup: int) -> float:
@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- the oracle ----------------------------------------------------------------------------
     dtype = {"bf16": jnp.bfloat16}.get(args.precision, jnp.float32)
-    scope: dict[str, Any] = {"dtype": dtype, "functools": functools, "nn": nn, "jnp": jnp}
+    scope: dict[str, Any] = {"dtype": dtype, "functools": functools, "jax": jax, "jnp": jnp, "nn": nn,
+                             "optax": optax}
     exec(JAX_RESNET50, scope)  # noqa: S102 (the benchmark's own text)
     onet = scope["ResNet50"](classes)
     key = jax.random.PRNGKey(0)
@@ -143,14 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     jax.block_until_ready(carry)
     init_oracle = time.perf_counter() - t0
 
-    @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
-    def ostep(p: Any, stats: Any, opt_state: Any, xx: Any, yy: Any) -> Any:
-        def loss_fn(q: Any) -> Any:
-            logits, new = onet.apply({"params": q, "batch_stats": stats}, xx, mutable=["batch_stats"])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, yy).mean(), new["batch_stats"]
-        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
-        updates, opt_state = tx.update(grads, opt_state, p)
-        return optax.apply_updates(p, updates), stats, opt_state, loss
+    ostep = scope["oracle_step"](onet, tx)
 
     def oracle_step() -> Any:
         p, s, o, loss = ostep(*carry, ox, oy)
