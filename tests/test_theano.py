@@ -358,11 +358,12 @@ def test_lenet5_learns_real_fashion_mnist(tmp_path, theano_env, stage, fashion_m
 def test_each_variant_image_runs_a_cell_on_its_promised_blas(tmp_path, docker_client, variant):
     """Each image is built through matrun's build path (the Dockerfile's own BLAS check, then the
     probe against the variant's promises), then one cell runs in it under the docker executor
-    (read-only root, /tmp noexec: Theano compiles in the run directory, the oneDNN check's
-    short run too, and nothing of it stays in the bundle).  cpu-openblas and cpu-blis run 2
+    (read-only root, /tmp noexec: Theano compiles into the image's compile cache the executor
+    mounts, the oneDNN check's short run too, and nothing of it lands in the bundle); in the
+    cpu image a second cell finds every module there and compiles none.  cpu-openblas and cpu-blis run 2
     threads: their libraries' own pools (threadpoolctl asks OpenBLAS; BLIS reads BLIS_NUM_THREADS)."""
     from conftest import built_image
-    from matrun.runner.executors.docker import DockerExecutor
+    from matrun.runner.executors.docker import THEANO_CACHE_MOUNT, DockerExecutor, cell_user, theano_compile_cache
     from matrun.runner.executors.protocol import RunRequest
     from matrun.warehouse.bundles.layout import SPEC
     from matrun.warehouse.bundles.write import write_json_atomic
@@ -383,11 +384,15 @@ def test_each_variant_image_runs_a_cell_on_its_promised_blas(tmp_path, docker_cl
     outcome = DockerExecutor(docker_client).run(RunRequest(run_dir=run_dir, params=p, env_id="e", timeout=900,
                                                            data_dir=Path("/nonexistent")))
     assert outcome.status == "ok", outcome.error_tail
-    assert not (run_dir / theano_adapter.COMPILE_DIR).exists()  # removed when the cell's process ended
+    assert not (run_dir / theano_adapter.COMPILE_DIR).exists()  # nothing compiled in the bundle
+    ref = DockerExecutor(docker_client).image("theano", variant)
+    cache = theano_compile_cache(p, ref, cell_user(run_dir))
+    modules = sorted(cache.rglob("*.so"))
+    assert modules  # the step's, the evaluation's and the probe's modules
     events = events_of(run_dir)
     probe = only(events, "probe")
     in_force = probe["in_force"]
-    assert in_force["blas_ldflags"] == ldflags and in_force["compiledir"].startswith(str(run_dir))
+    assert in_force["blas_ldflags"] == ldflags and in_force["compiledir"].startswith(THEANO_CACHE_MOUNT + "/")
     assert probe["onednn_primitives"] == 0 and probe.get("onednn_check_error") is None
     assert probe["mismatches"] == []
     assert in_force["threads"] == threads
@@ -402,6 +407,16 @@ def test_each_variant_image_runs_a_cell_on_its_promised_blas(tmp_path, docker_cl
     assert in_force["openmp"] is False and in_force["blas_threads"] == (None if variant == "cpu-reference" else threads)
     summary = only(events, "summary")
     assert summary["accuracy"] is not None and summary["throughput"] > 0
+    if variant != "cpu":
+        return
+    again = tmp_path / "again"
+    again.mkdir()
+    write_json_atomic(again / SPEC, {**json.loads((run_dir / SPEC).read_text()), "repeat": 1})
+    outcome = DockerExecutor(docker_client).run(RunRequest(run_dir=again, params=p, env_id="e", timeout=900,
+                                                           data_dir=Path("/nonexistent")))
+    assert outcome.status == "ok", outcome.error_tail
+    assert sorted(cache.rglob("*.so")) == modules  # every module found, none compiled again
+    assert only(events_of(again), "summary")["accuracy"] is not None
 
 
 # --- host side -------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Running a sweep: what is not done yet, each run ingested as it finishes.
+"""Running a sweep: what is not done yet, each run ingested as it finishes (or, when runs are
+shorter than the ingest is worth, with the next runs: ``IngestQueue``).
 
 Resumability comes from the bundles on disk: before running, the sweep ingests whatever
 bundles its results directory already holds, so a warehouse that was deleted or missed an
@@ -44,7 +45,7 @@ from matrun.runner.planning.studies import record_study
 from matrun.runner.planning.matrix import Matrix, load_matrix
 from matrun.runner.slurm.loop import run_async
 from matrun.runner.sweep.records import (
-    INGEST_WAIT_S, RunClaim, SubmitClaim, SweepEvent, SweepStopped, SweepSummary, host_info, ingest_quietly, ok_runs_on_disk,
+    INGEST_WAIT_S, IngestQueue, RunClaim, SubmitClaim, SweepEvent, SweepStopped, SweepSummary, host_info, ingest_quietly, ok_runs_on_disk,
     path_error, prepare_run, sweep_lock, with_state, write_result,
 )
 from matrun.runner.sweep.canary import SLURM_REFUSAL, Canary, reference_cell, schedule
@@ -243,34 +244,42 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
     for warning in noise_warnings(_cells_cpus([*todo, *extra]), watch=watch):  # told, never changed (docs/EXECUTORS.md "Noise")
         emit(SweepEvent("message", f"Warning: {warning}"))
     host = host_info()
+    queue = IngestQueue(matrix.sweep.warehouse, summary)  # finished runs on their way into the warehouse
     later: list[tuple[PlannedCell, int, RunClaim]] = []
-    for index, (pc, repeat) in enumerate(todo):
-        if canary is not None and canary.due(index):
-            _run_canary(runner, matrix, canary, done, data_dir, host, summary, emit, watch=watch)
-        claim = RunClaim(matrix.sweep.results, pc.cell_id, repeat, matrix.sweep.name)
-        if claim.take(wait=False):
-            _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit, watch=watch)
-        else:  # another sweep of this results directory runs it now: the others first
-            emit(SweepEvent("message", f"cell {pc.cell_id} repeat {repeat}: running in {claim.holder()}; "
-                                       "coming back to it at the end"))
-            later.append((pc, repeat, claim))
-    for pc, repeat, claim in later:
-        if not claim.take(wait=False):
-            emit(SweepEvent("message", f"waiting for {claim.holder()} to finish cell {pc.cell_id} "
-                                       f"repeat {repeat} …"))
-            claim.take(wait=True)
-        _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit, watch=watch)
-    if canary is not None:  # the last canary run, after every run of the sweep
-        _run_canary(runner, matrix, canary, done, data_dir, host, summary, emit, watch=watch)
+    try:
+        for index, (pc, repeat) in enumerate(todo):
+            if canary is not None and canary.due(index):
+                _run_canary(runner, matrix, canary, done, data_dir, host, summary, emit, queue, watch=watch)
+            claim = RunClaim(matrix.sweep.results, pc.cell_id, repeat, matrix.sweep.name)
+            if claim.take(wait=False):
+                _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit, queue,
+                             watch=watch)
+            else:  # another sweep of this results directory runs it now: the others first
+                emit(SweepEvent("message", f"cell {pc.cell_id} repeat {repeat}: running in {claim.holder()}; "
+                                           "coming back to it at the end"))
+                later.append((pc, repeat, claim))
+        for pc, repeat, claim in later:
+            if not claim.take(wait=False):
+                queue.flush()  # what this sweep ran is in the warehouse while it waits
+                emit(SweepEvent("message", f"waiting for {claim.holder()} to finish cell {pc.cell_id} "
+                                           f"repeat {repeat} …"))
+                claim.take(wait=True)
+            _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit, queue,
+                         watch=watch)
+        if canary is not None:  # the last canary run, after every run of the sweep
+            _run_canary(runner, matrix, canary, done, data_dir, host, summary, emit, queue, watch=watch)
+    finally:  # ended, stopped or interrupted: every finished run goes in now
+        queue.flush()
     return summary
 
 
 def _run_claimed(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: int, claim: RunClaim,
                  done: dict[tuple[str, int], dict[str, Any]], data_dir: Path, host: dict[str, Any],
-                 force: bool, summary: SweepSummary, emit: Callable[[SweepEvent], None], *,
+                 force: bool, summary: SweepSummary, emit: Callable[[SweepEvent], None], queue: IngestQueue, *,
                  watch: LoadWatch | None = None) -> None:
     """Run (cell, repeat), whose claim this sweep holds, unless another sweep ran it meanwhile;
-    the claim is released once the run is recorded and ingested."""
+    the claim is released once the run is recorded (``result.json`` written: a sweep that takes
+    the claim next finds the run done on disk, ingested or waiting in ``queue``)."""
     try:
         if not force and _done_on_disk(matrix, [(pc, repeat)], summary):
             summary.skipped_done += 1
@@ -280,7 +289,8 @@ def _run_claimed(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: 
         emit(SweepEvent("run-start", cell=pc, repeat=repeat))
         # Attempts count across sweeps: the same cell may have run under another results directory.
         earlier = done.get((pc.cell_id, repeat), {}).get("max_attempt") or 0
-        outcome, run_dir = _run_one(runner, matrix, pc, repeat, earlier, data_dir, host, summary, watch=watch)
+        outcome, run_dir = _run_one(runner, matrix, pc, repeat, earlier, data_dir, host, summary, queue,
+                                    watch=watch)
     finally:
         claim.release()
     _ended(pc, repeat, outcome, run_dir, summary, emit)
@@ -313,7 +323,7 @@ def _canary_cell(matrix: Matrix, runner: Executor, every_cell: Sequence[PlannedC
 
 def _run_canary(runner: SyncExecutor, matrix: Matrix, canary: Canary,
                 done: dict[tuple[str, int], dict[str, Any]], data_dir: Path, host: dict[str, Any],
-                summary: SweepSummary, emit: Callable[[SweepEvent], None], *,
+                summary: SweepSummary, emit: Callable[[SweepEvent], None], queue: IngestQueue, *,
                 watch: LoadWatch | None = None) -> None:
     """One canary run: a new attempt of the reference cell's ``CANARY_REPEAT``, run, recorded,
     ingested and counted like any run.  No claim: no sweep runs that repeat as a repeat, and
@@ -322,15 +332,15 @@ def _run_canary(runner: SyncExecutor, matrix: Matrix, canary: Canary,
     emit(SweepEvent("message", f"canary run {number} of {canary.count}: cell {pc.cell_id} ({pc.cell.label})"))
     emit(SweepEvent("run-start", cell=pc, repeat=CANARY_REPEAT))
     earlier = done.get((pc.cell_id, CANARY_REPEAT), {}).get("max_attempt") or 0
-    outcome, run_dir = _run_one(runner, matrix, pc, CANARY_REPEAT, earlier, data_dir, host, summary,
+    outcome, run_dir = _run_one(runner, matrix, pc, CANARY_REPEAT, earlier, data_dir, host, summary, queue,
                                 canary=number, watch=watch)
     _ended(pc, CANARY_REPEAT, outcome, run_dir, summary, emit)
 
 
 def _run_one(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: int, earlier_attempt: int,
-             data_dir: Path, host: dict[str, Any], summary: SweepSummary, *,
+             data_dir: Path, host: dict[str, Any], summary: SweepSummary, queue: IngestQueue, *,
              canary: int | None = None, watch: LoadWatch | None = None) -> tuple[RunOutcome, Path]:
-    """Run one attempt: its directory, the executor, ``result.json``, the ingest.  An
+    """Run one attempt: its directory, the executor, ``result.json``, the ingest (``queue``).  An
     ``OSError`` (a full disk) is raised after recording what can still be recorded.
     ``canary``: a canary run's number (spec.json ``canary``).  ``watch``: the sweep's look at
     other processes' load, read as the run starts and restarted as it ends."""
@@ -346,18 +356,18 @@ def _run_one(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: int,
     except OSError as exc:  # the executor could not write the cell's files: nothing runs
         error = path_error(exc, run_dir)
         if _record(key, run_dir, pc.env_id, runner.name, host, _failed(f"[matrun] {error}")):
-            ingest_quietly([run_dir], matrix.sweep.warehouse, summary)
+            queue.add(run_dir)  # the sweep stops: flushed on the way out
         raise SweepStopped(error, summary) from None
     except RunAborted as exc:  # the executor cannot go on (the Docker engine is gone): record the run, stop
         if _record(key, run_dir, pc.env_id, runner.name, host, exc.outcome):
-            ingest_quietly([run_dir], matrix.sweep.warehouse, summary)
+            queue.add(run_dir)
         summary.count(exc.outcome.status)
         raise
     except BaseException:
         _record(key, run_dir, pc.env_id, runner.name, host, cancelled_outcome())
         raise
     write_result(key, run_dir, pc.env_id, runner.name, host, outcome)  # an OSError: no result, run again later
-    ingest_quietly([run_dir], matrix.sweep.warehouse, summary)
+    queue.add(run_dir)
     return outcome, run_dir
 
 
