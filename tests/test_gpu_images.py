@@ -214,15 +214,26 @@ def test_there_are_gpu_variants_for_the_four_frameworks() -> None:
     assert {fw for fw, _ in gpu_variants()} == {"torch", "tensorflow", "mxnet", "jax"}
 
 
+#: The CUDA user space a GPU image needs when its base brings none: runtime, cuDNN and NCCL wheels.
+CUDA_WHEELS = (r"nvidia-cuda-runtime(-cu\d+)?", r"nvidia-cudnn(-cu\d+)?", r"nvidia-nccl(-cu\d+)?")
+
+
 @pytest.mark.parametrize(("framework", "variant"), gpu_variants())
 def test_a_gpu_variant_builds_on_nvidia_cuda_matching_its_cuda_wheels(framework: str, variant: str) -> None:
+    """On an NVIDIA CUDA base whose CUDA matches the wheels (or, lacking wheels, whose runtime
+    and cuDNN the framework links); or, for a variant that needs no registry, on Debian with
+    the whole CUDA user space (runtime, cuDNN, NCCL) pinned as wheels."""
     dockerfile, requirements = variant_files(framework, variant)
     ref = base_image_default(dockerfile.read_text(encoding="utf-8"))
     image, tag, _ = split_reference(ref)
-    base = NVIDIA_CUDA.match(f"{image}:{tag}")
-    assert base, f"{framework}:{variant}: BASE_IMAGE={ref} is not an NVIDIA CUDA image tag"
     assert requirements is not None
     pinned = pins(requirements)
+    if image == "debian":
+        missing = [wheel for wheel in CUDA_WHEELS if not any(re.fullmatch(wheel, k) for k in pinned)]
+        assert not missing, f"{framework}:{variant}: a Debian base, but no wheel pins {missing}"
+        return
+    base = NVIDIA_CUDA.match(f"{image}:{tag}")
+    assert base, f"{framework}:{variant}: BASE_IMAGE={ref} is not an NVIDIA CUDA image tag"
     runtime = [v for k, v in pinned.items() if re.fullmatch(r"nvidia-cuda-runtime(-cu\d+)?", k)]
     if runtime:  # the CUDA libraries come from wheels: the base's CUDA (and driver check) must match
         assert runtime[0].split(".")[:2] == base["cuda"].split(".")[:2], (
@@ -230,6 +241,19 @@ def test_a_gpu_variant_builds_on_nvidia_cuda_matching_its_cuda_wheels(framework:
     else:  # the framework links the base image's CUDA libraries: it needs the runtime and cuDNN
         assert base["flavour"] == "runtime" and base["cudnn"], (
             f"{framework}:{variant}: BASE_IMAGE={ref} lacks the CUDA runtime or cuDNN")
+
+
+def test_the_registry_free_cuda_variant_declares_what_the_container_toolkit_reads() -> None:
+    """torch:cuda-pypi builds on the Debian base (no NVIDIA image to inherit from): it declares
+    the driver capabilities and CUDA requirement NVIDIA's images do, and no NVIDIA_VISIBLE_DEVICES
+    (a cell sees only the GPUs its device request names)."""
+    dockerfile, _ = variant_files("torch", "cuda-pypi")
+    text = dockerfile.read_text(encoding="utf-8")
+    assert base_image_default(text).startswith("debian:bookworm")
+    env = " ".join(args for keyword, args in stages(text)[-1][1] if keyword == "ENV").split()
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in env and "NVIDIA_REQUIRE_CUDA=cuda>=13.0" in env
+    assert not [item for item in env if item.startswith("NVIDIA_VISIBLE_DEVICES")]
+    assert frameworks()["torch"].variant("cuda-pypi").requirements == frameworks()["torch"].variant("cuda").requirements
 
 
 def test_mxnet_cuda_builds_on_cuda_11_7_or_older_with_cudnn_8_and_old_numpy() -> None:

@@ -147,8 +147,21 @@ def _print_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except BrokenPipeError:  # stdout's reader went away (`matrun query … | head`)
             _quiet_stdout()
             raise typer.Exit(1) from None
+        except Exception as exc:
+            if not _engine_failure(exc):
+                raise
+            text = " ".join(str(exc).split())[:300] or type(exc).__name__
+            typer.echo(f"Error: the Docker engine failed a request ({type(exc).__name__}): {text}", err=True)
+            raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _engine_failure(exc: BaseException) -> bool:
+    """A failure of the Docker SDK or of its HTTP transport (an engine that timed out, went
+    away mid-request or answered an error nothing in matrun expected): an ``Error:`` line,
+    not a traceback.  Told by module, so that neither is imported to ask."""
+    return any(str(cls.__module__).split(".")[0] in ("docker", "requests", "urllib3") for cls in type(exc).__mro__)
 
 
 def _quiet_stdout() -> None:

@@ -161,8 +161,9 @@ def build(
                             description=f"{name} {event.text[:60]}")
             if not err.is_terminal:
                 typer.echo(f"{name}: step {event.step}/{event.steps} {event.text[:100]}", err=True)
-        elif event.kind in ("cached", "built", "probe", "pull"):
-            words = {"cached": "already built", "built": "built", "probe": "probe", "pull": "pulling base"}
+        elif event.kind in ("cached", "built", "probe", "pull", "cleanup"):
+            words = {"cached": "already built", "built": "built", "probe": "probe", "pull": "pulling base",
+                     "cleanup": "cleanup:"}
             if err.is_terminal:
                 progress.console.print(f"{name}: {words[event.kind]} {event.text}", markup=False, highlight=False)
             else:

@@ -21,7 +21,8 @@ from matrun.errors import EnvironmentBuildError, InputError
 from matrun.runner.environments.contexts import (LABEL, BuildContext, default_base_image, prepare_context,
                                                  variant_of)
 from matrun.runner.environments.engine import build_lock
-from matrun.runner.environments.probes import ImageProbe, broken_promises, probe_image, variant_promises
+from matrun.runner.environments.probes import (ImageProbe, broken_promises, probe_cuda_libraries, probe_image,
+                                                variant_promises)
 from matrun.runner.planning.preflight import host_gpus
 
 if TYPE_CHECKING:  # the Docker SDK is imported only when an engine is used
@@ -120,10 +121,20 @@ def _existing_image(client: "docker.DockerClient", tag: str) -> str | None:
         return None
 
 
-def remove_build_stages(client: "docker.DockerClient") -> None:
+def remove_build_stages(client: "docker.DockerClient", report: ProgressCallback | None = None,
+                        image: tuple[str, str] = ("", "")) -> None:
     """Remove untagged images of build stages (the legacy builder keeps them; they hold
-    wheels and compilers and are not part of any framework image)."""
-    client.images.prune(filters={"dangling": True, "label": f"{LABEL}.stage=build"})
+    wheels and compilers and are not part of any framework image).  Removing a large one
+    (a CUDA image's build stage holds ~6 GB) can outlast the SDK's 10 s read timeout: the
+    engine finishes it anyway, so the build goes on and says so."""
+    import requests
+
+    try:
+        client.images.prune(filters={"dangling": True, "label": f"{LABEL}.stage=build"})
+    except requests.exceptions.ReadTimeout:
+        if report is not None:
+            report(BuildEvent(*image, "cleanup", "the engine is still removing the build stage's image (over "
+                                                 "10 s): it finishes on its own"))
 
 
 def resolve_base_image(client: "docker.DockerClient", name: str, *, report: ProgressCallback,
@@ -183,16 +194,30 @@ def build_images(images: Iterable[tuple[str, str]], *, client: "docker.DockerCli
                         try:
                             image_id = build_image(client, ctx, progress=report)
                         finally:
-                            remove_build_stages(client)
+                            remove_build_stages(client, report, (framework, variant))
                         seconds = time.perf_counter() - started
                         report(BuildEvent(framework, variant, "built", f"{ctx.tag} in {seconds:.0f} s"))
         found = None
         gpu_variant = variant_of(framework, variant, images_dir).device == "gpu"
         if probe and gpu_variant and not host_gpus():
-            # A CUDA framework may not even import without the driver's libcuda (MXNet does not):
-            # the probe of a GPU image needs a GPU.  Built, not verified: say so, record no probe.
-            report(BuildEvent(framework, variant, "probe", "skipped: a GPU variant is probed on a GPU, "
-                              "and this host has none (the image is built but unverified)"))
+            # A CUDA framework may not even import without the driver's libcuda (MXNet does not),
+            # and nothing can train: the harness probe of a GPU image needs a GPU.  Without one,
+            # the CUDA runtime, cuDNN and NCCL really inside are read (none needs the driver)
+            # and the variant's cuda / cudnn promises checked against them.
+            found = probe_cuda_libraries(client, ctx.tag, framework)
+            libs = found.raw
+            report(BuildEvent(framework, variant, "probe", (
+                f"no GPU here, libraries only: {found.framework} {found.framework_version}, python {found.python}, "
+                f"cuda runtime {found.cuda}, cudnn {found.cudnn}, nccl {libs['versions']['nccl']}"
+                + (f" ({found.framework} did not import: {libs['framework_error']})" if libs.get("framework_error") else "")
+                + "; the harness probe runs on a GPU")))
+            promised = {key: value for key, value in (
+                promises.get((framework, variant), {}) if promises is not None
+                else variant_promises(framework, variant, images_dir)[True]).items() if key in ("cuda", "cudnn")}
+            broken = broken_promises(found, promised)
+            if broken:
+                raise ImageBuildError(f"image {ctx.tag} ({framework}:{variant}) does not hold what the variant "
+                                      f"promises (library probe, no GPU): {'; '.join(broken)}", step="probe")
         elif probe:
             wanted = ({True: promises.get((framework, variant), {})} if promises is not None
                       else variant_promises(framework, variant, images_dir))

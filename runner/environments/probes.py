@@ -98,6 +98,122 @@ def probe_image(client: "docker.DockerClient", tag: str, framework: str, variant
     return summarise_probe(json.loads(found[-1]))
 
 
+#: The CUDA libraries a GPU image's library probe looks for, and how each reports its version:
+#: (file name prefix, C function, how it answers).  None of these needs a GPU or the driver.
+CUDA_SYSTEM_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64",
+                    "/usr/lib")
+CUDA_LIBRARIES = (("cuda_runtime", "libcudart.so", "cudaRuntimeGetVersion", "out"),
+                  ("cudnn", "libcudnn.so", "cudnnGetVersion", "return"),
+                  ("nccl", "libnccl.so", "ncclGetVersion", "out"))
+
+#: Run in a GPU image on a host without a GPU (python3 -c; no harness, no network): the
+#: framework imported as framework.toml's import_check does (a CUDA framework may refuse to
+#: import without the driver: recorded, not fatal), then each CUDA library the process has
+#: mapped, else the first found in the venv's nvidia-* wheels, else in the system's folders
+#: (``CUDA_SYSTEM_DIRS``: NVIDIA's base images, Debian's packages), loaded with ctypes and asked
+#: its version.
+_CUDA_LIBRARIES_SCRIPT = r"""
+import contextlib, ctypes, glob, io, json, os, platform, sys
+import_check, libraries, system = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+out = {"python": platform.python_version(), "gpu": False, "framework_output": None, "framework_error": None}
+buf = io.StringIO()
+try:
+    with contextlib.redirect_stdout(buf):
+        exec(import_check, {})
+    out["framework_output"] = buf.getvalue().strip()
+except BaseException as exc:
+    out["framework_error"] = (type(exc).__name__ + ": " + str(exc))[:300]
+try:
+    mapped = [line.split()[-1] for line in open("/proc/self/maps") if "/" in line]
+except OSError:
+    mapped = []
+sites = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+def candidates(prefix):
+    seen = [p for p in mapped if os.path.basename(p).startswith(prefix + ".")]
+    for site in sites:
+        seen += sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", prefix + ".*")))
+    for folder in system:
+        seen += sorted(glob.glob(os.path.join(folder, prefix + ".*")))
+    return [p for p in dict.fromkeys(seen) if not p.endswith((".a", ".alt"))]
+for key, prefix, function, how in libraries:
+    entry = {"path": None, "raw": None, "loaded_by_framework": False, "error": None}
+    for path in candidates(prefix):
+        try:
+            lib = ctypes.CDLL(path)
+            fn = getattr(lib, function)
+            if how == "out":
+                value = ctypes.c_int()
+                code = fn(ctypes.byref(value))
+                if code != 0:
+                    raise OSError(function + " returned " + str(code))
+                raw = value.value
+            else:
+                fn.restype = ctypes.c_size_t
+                raw = fn()
+        except (OSError, AttributeError) as exc:
+            entry["error"] = (path + ": " + str(exc))[:300]
+            continue
+        entry.update(path=os.path.realpath(path), raw=int(raw), error=None, loaded_by_framework=path in mapped)
+        break
+    out[key] = entry
+print(%r + json.dumps(out))
+""" % (PROBE_MARK,)
+
+
+def cuda_version_text(key: str, raw: int | None) -> str | None:
+    """A CUDA library's integer version as its makers write it: the runtime's 13000 -> "13.0"
+    (major*1000 + minor*10), cuDNN 9's 92000 -> "9.20.0" (major*10000 + minor*100 + patch; cuDNN
+    8's 8907 -> "8.9.7", major*1000 + minor*100 + patch), NCCL's 22907 -> "2.29.7" (the same as
+    cuDNN 9 since NCCL 2.9; 2804 -> "2.8.4" before)."""
+    if raw is None:
+        return None
+    if key == "cuda_runtime":
+        return f"{raw // 1000}.{raw % 1000 // 10}"
+    if raw >= 10000:
+        return f"{raw // 10000}.{raw % 10000 // 100}.{raw % 100}"
+    return f"{raw // 1000}.{raw % 1000 // 100}.{raw % 100}"
+
+
+def summarise_cuda_libraries(framework: str, fields: Mapping[str, Any]) -> ImageProbe:
+    """What a GPU image's library probe found (``probe_cuda_libraries``) as an ``ImageProbe``:
+    the CUDA runtime and cuDNN really inside, NCCL in ``raw``; BLAS, oneDNN and OpenMP are a
+    harness probe's, on a GPU (None here)."""
+    versions = {key: cuda_version_text(key, (fields.get(key) or {}).get("raw")) for key, *_ in CUDA_LIBRARIES}
+    output = str(fields.get("framework_output") or "").strip()
+    return ImageProbe(framework=framework, framework_version=output.splitlines()[-1] if output else None,
+                      python=fields.get("python"), cuda=versions["cuda_runtime"], cudnn=versions["cudnn"],
+                      blas=None, onednn=None, openmp=None,
+                      raw={**fields, "versions": versions, "probe": "cuda libraries, no GPU"})
+
+
+def probe_cuda_libraries(client: "docker.DockerClient", tag: str, framework: str, *,
+                         timeout: float = PROBE_TIMEOUT) -> ImageProbe:
+    """The CUDA runtime, cuDNN and NCCL inside a GPU image, read on a host without a GPU: a
+    container like the harness probe's (no network, no capabilities, read-only root) runs
+    ``_CUDA_LIBRARIES_SCRIPT``; none of the three libraries needs the driver to say its version."""
+    fw = get_framework(framework)
+    container = client.containers.run(
+        tag, ["python3", "-c", _CUDA_LIBRARIES_SCRIPT, fw.import_check,
+              json.dumps([list(item) for item in CUDA_LIBRARIES]), json.dumps(CUDA_SYSTEM_DIRS)], detach=True,
+        environment=dict(fw.fixed_env), network_mode="none", user="1000:1000", cap_drop=["ALL"],
+        security_opt=["no-new-privileges"], read_only=True, tmpfs={"/tmp": ""},
+        labels={f"{LABEL}.role": "probe"})
+    try:
+        try:
+            status = container.wait(timeout=timeout)
+        except Exception as exc:  # the SDK raises a requests timeout
+            container.kill()
+            raise EnvironmentBuildError(f"the library probe of {tag} did not finish in {timeout:.0f} s") from exc
+        logs = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+    finally:
+        container.remove(force=True)
+    found = [line[len(PROBE_MARK):] for line in logs.splitlines() if line.startswith(PROBE_MARK)]
+    if status.get("StatusCode") != 0 or not found:
+        tail = "\n".join(logs.splitlines()[-LOG_TAIL_LINES:])
+        raise EnvironmentBuildError(f"the library probe of {tag} failed (exit {status.get('StatusCode')}):\n{tail}")
+    return summarise_cuda_libraries(framework, json.loads(found[-1]))
+
+
 def _gpu_request(gpu: bool) -> dict[str, Any]:
     """One GPU for the probe of a GPU image (the framework needs the driver to import)."""
     if not gpu:
