@@ -19,9 +19,9 @@ import pytest
 from matrun.warehouse.bundles.layout import EVENTS, MONITOR, SPEC, STDERR, STDOUT
 from matrun.warehouse.bundles.write import write_json_atomic
 from matrun.runner.executors.protocol import RunRequest
-from matrun.runner.executors.docker import (CONTAINER_JSON, HARNESS_MOUNT, THEANO_CACHE_MOUNT, THEANO_CACHE_VARIABLE,
-                                            CellLabels, DockerExecutor, ImageRef, cell_user, container_kwargs,
-                                            theano_compile_cache)
+from matrun.runner.executors.docker import (COMPILE_CACHE_MOUNT, COMPILE_CACHE_VARIABLE, CONTAINER_JSON, HARNESS_MOUNT,
+                                            CellLabels, DockerExecutor, ImageRef, cell_user, compile_cache,
+                                            container_kwargs)
 from matrun.runner.planning.matrix import parse_matrix
 from matrun.runner.executors.monitor_cgroup import CgroupMonitor, find_cgroup, read_cpu_seconds, read_memory
 
@@ -121,38 +121,42 @@ def test_cpu_cell_sends_no_device_request(tmp_path):
 
 
 def test_a_theano_cell_gets_its_images_compile_cache_and_no_other_framework_does(tmp_path, monkeypatch):
-    """One folder per (image, user) under $MATRUN_HOME, the user's own, mounted read-write where
-    the harness is told to look (runner/harness/adapters/theano.py reads the same variable)."""
+    """framework.toml's compile_cache (Theano's only): one folder per (image, user) under
+    $MATRUN_HOME, the user's own, mounted read-write where the harness is told to look
+    (runner/harness/adapters/theano.py reads the same variable)."""
+    from matrun.frameworks import frameworks
+
+    assert [name for name, fw in frameworks().items() if fw.compile_cache] == ["theano"]
     from matrun.runner.harness.adapters import theano as theano_adapter
 
     monkeypatch.setenv("MATRUN_HOME", str(tmp_path / "home"))
-    assert theano_adapter.CACHE_VARIABLE == THEANO_CACHE_VARIABLE
-    assert theano_compile_cache(params(), IMAGE, "1000:1000") is None  # torch
+    assert theano_adapter.CACHE_VARIABLE == COMPILE_CACHE_VARIABLE
+    assert compile_cache(params(), IMAGE, "1000:1000") is None  # torch
     me = f"{os.geteuid()}:{os.getegid()}"
-    cache = theano_compile_cache(params(framework="theano"), IMAGE, me)
+    cache = compile_cache(params(framework="theano"), IMAGE, me)
     assert cache == tmp_path / "home" / "compile" / "theano" / f"{'a' * 16}-{os.geteuid()}"
     st = cache.stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (os.geteuid(), os.getegid(), 0o700)
     other = ImageRef(**{**vars(IMAGE), "image_id": "sha256:" + "b" * 64})
-    assert theano_compile_cache(params(framework="theano"), other, me) != cache  # an image of its own
+    assert compile_cache(params(framework="theano"), other, me) != cache  # an image of its own
     if os.geteuid() == 0:  # root hands a root-owned bundle's cell (nobody) a folder nobody owns
-        nobody = theano_compile_cache(params(framework="theano"), IMAGE, "65534:65534")
+        nobody = compile_cache(params(framework="theano"), IMAGE, "65534:65534")
         assert nobody.name == f"{'a' * 16}-65534" and (nobody.stat().st_uid, nobody.stat().st_gid) == (65534, 65534)
     kwargs = container_kwargs(params(framework="theano"), image=IMAGE, run_dir=tmp_path, data_dir=tmp_path,
-                              stage=Path("/s"), labels=CellLabels("s", "c", "0-1"), user=me, theano_cache=cache)
-    assert kwargs["volumes"][str(cache)] == {"bind": THEANO_CACHE_MOUNT, "mode": "rw"}
-    assert kwargs["environment"][THEANO_CACHE_VARIABLE] == THEANO_CACHE_MOUNT
+                              stage=Path("/s"), labels=CellLabels("s", "c", "0-1"), user=me, compile_cache=cache)
+    assert kwargs["volumes"][str(cache)] == {"bind": COMPILE_CACHE_MOUNT, "mode": "rw"}
+    assert kwargs["environment"][COMPILE_CACHE_VARIABLE] == COMPILE_CACHE_MOUNT
     plain = container_kwargs(params(), image=IMAGE, run_dir=tmp_path, data_dir=tmp_path, stage=Path("/s"),
                              labels=CellLabels("s", "c", "0-1"), user=me)
-    assert THEANO_CACHE_VARIABLE not in plain["environment"]
-    assert all(v["bind"] != THEANO_CACHE_MOUNT for v in plain["volumes"].values())
+    assert COMPILE_CACHE_VARIABLE not in plain["environment"]
+    assert all(v["bind"] != COMPILE_CACHE_MOUNT for v in plain["volumes"].values())
 
 
 def test_a_compile_cache_folder_that_cannot_be_made_leaves_the_cell_compiling_in_its_run(tmp_path, monkeypatch):
     blocker = tmp_path / "home"
     blocker.write_text("a file where the folder would go")
     monkeypatch.setenv("MATRUN_HOME", str(blocker))
-    assert theano_compile_cache(params(framework="theano"), IMAGE, f"{os.geteuid()}:{os.getegid()}") is None
+    assert compile_cache(params(framework="theano"), IMAGE, f"{os.geteuid()}:{os.getegid()}") is None
 
 
 def test_cell_user_is_the_bundle_owner_or_nobody(tmp_path):

@@ -363,7 +363,7 @@ def test_each_variant_image_runs_a_cell_on_its_promised_blas(tmp_path, docker_cl
     cpu image a second cell finds every module there and compiles none.  cpu-openblas and cpu-blis run 2
     threads: their libraries' own pools (threadpoolctl asks OpenBLAS; BLIS reads BLIS_NUM_THREADS)."""
     from conftest import built_image
-    from matrun.runner.executors.docker import THEANO_CACHE_MOUNT, DockerExecutor, cell_user, theano_compile_cache
+    from matrun.runner.executors.docker import COMPILE_CACHE_MOUNT, DockerExecutor, cell_user, compile_cache
     from matrun.runner.executors.protocol import RunRequest
     from matrun.warehouse.bundles.layout import SPEC
     from matrun.warehouse.bundles.write import write_json_atomic
@@ -386,13 +386,13 @@ def test_each_variant_image_runs_a_cell_on_its_promised_blas(tmp_path, docker_cl
     assert outcome.status == "ok", outcome.error_tail
     assert not (run_dir / theano_adapter.COMPILE_DIR).exists()  # nothing compiled in the bundle
     ref = DockerExecutor(docker_client).image("theano", variant)
-    cache = theano_compile_cache(p, ref, cell_user(run_dir))
+    cache = compile_cache(p, ref, cell_user(run_dir))
     modules = sorted(cache.rglob("*.so"))
     assert modules  # the step's, the evaluation's and the probe's modules
     events = events_of(run_dir)
     probe = only(events, "probe")
     in_force = probe["in_force"]
-    assert in_force["blas_ldflags"] == ldflags and in_force["compiledir"].startswith(THEANO_CACHE_MOUNT + "/")
+    assert in_force["blas_ldflags"] == ldflags and in_force["compiledir"].startswith(COMPILE_CACHE_MOUNT + "/")
     assert probe["onednn_primitives"] == 0 and probe.get("onednn_check_error") is None
     assert probe["mismatches"] == []
     assert in_force["threads"] == threads
@@ -539,7 +539,21 @@ def test_a_variants_env_is_checked_and_part_of_its_identity(tmp_path):
     assert EnvSpec(spec.framework, spec.variant, spec.requirements).env_id != spec.env_id
 
 
+def test_the_compile_cache_an_executor_mounted_comes_first_where_it_is_usable(tmp_path, monkeypatch):
+    """$MATRUN_COMPILE_CACHE (the docker executor's per-image cache) before the host's shared
+    one; one that cannot be written to falls through to the next."""
+    monkeypatch.setattr(theano_adapter.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("MATRUN_COMPILE_CACHE", str(tmp_path / "mounted"))
+    assert theano_adapter.compile_home() == (str(tmp_path / "mounted"), False)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("MATRUN_COMPILE_CACHE", str(blocker / "cache"))
+    assert theano_adapter.compile_home() == (str(tmp_path / "tmp" / f"matrun-theano-{__import__('os').getuid()}"), False)
+
+
 def test_the_compile_directory_is_a_shared_cache_where_the_host_allows(tmp_path, monkeypatch):
+    monkeypatch.delenv("MATRUN_COMPILE_CACHE", raising=False)
     monkeypatch.setattr(theano_adapter.tempfile, "gettempdir", lambda: str(tmp_path))
     home, own = theano_adapter.compile_home()
     assert (home, own) == (str(tmp_path / f"matrun-theano-{__import__('os').getuid()}"), False)

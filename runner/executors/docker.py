@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from matrun.errors import EnvironmentBuildError, MatrunError
+from matrun.frameworks import get_framework
 from matrun.runner.environments.engine import EngineUnavailable, connect, engine_url
 from matrun.runner.environments.contexts import LABEL as IMAGE_LABEL, image_repository, recipe_hash
 from matrun.runner.environments.home import HARNESS_MOUNT, matrun_home, stage_harness
@@ -70,10 +71,10 @@ CONTAINER_JSON = "container.json"
 DEFAULT_SHM_SIZE = "1g"  # the engine's 64 MiB default is too small for data-loader workers
 TMPFS_SIZE = "1g"
 NOBODY = 65534
-#: Where a Theano cell's container sees its image's compile cache (``compile_cache``), and the
-#: variable that tells the harness (runner/harness/adapters/theano.py ``compile_home``).
-THEANO_CACHE_MOUNT = "/var/cache/matrun-theano"
-THEANO_CACHE_VARIABLE = "MATRUN_THEANO_CACHE"
+#: Where a cell of a framework with ``compile_cache`` (framework.toml) sees its image's compile
+#: cache (``compile_cache``), and the variable that tells the harness where it is.
+COMPILE_CACHE_MOUNT = "/var/cache/matrun-compile"
+COMPILE_CACHE_VARIABLE = "MATRUN_COMPILE_CACHE"
 _WAIT_SLICE_S = 1.0
 #: How long a cell waits for an engine that stopped answering before the sweep stops (a
 #: ``systemctl restart docker`` stops the containers, up to 10 s each, then starts again).
@@ -215,15 +216,15 @@ def device_requests(params: Mapping[str, Any]) -> list["docker.types.DeviceReque
 def container_kwargs(params: Mapping[str, Any], *, image: ImageRef, run_dir: Path, data_dir: Path,
                      stage: Path, labels: CellLabels, user: str, memory_limit: int | str | None = None,
                      shm_size: str = DEFAULT_SHM_SIZE, plan: Path | None = None,
-                     theano_cache: Path | None = None) -> dict[str, Any]:
+                     compile_cache: Path | None = None) -> dict[str, Any]:
     """The exact keyword arguments of ``client.containers.create`` for one cell (pure).
 
     ``create`` + ``start`` rather than ``run``: ``run`` pulls an image it cannot find, and
     no registry may be contacted from here (a cell's image is always local).  ``plan``: a
     multi-worker cell's launch plan (``<run>/workers.json``): the container's command is the
     launcher, which starts every worker inside this one container (no network: they talk over
-    the container's own loopback).  ``theano_cache``: the image's Theano compile cache on the
-    host (``theano_compile_cache``), mounted at ``THEANO_CACHE_MOUNT``.
+    the container's own loopback).  ``compile_cache``: the image's compile cache on the host
+    (:func:`compile_cache`), mounted at ``COMPILE_CACHE_MOUNT``.
     """
     run_dir, data_dir = run_dir.absolute(), data_dir.absolute()
     env = cell_environment(params, Path(HARNESS_MOUNT), base=image_environment(image.env))
@@ -232,9 +233,9 @@ def container_kwargs(params: Mapping[str, Any], *, image: ImageRef, run_dir: Pat
                str(run_dir): {"bind": str(run_dir), "mode": "rw"}}
     if data_dir.is_dir() and data_dir != run_dir:
         volumes[str(data_dir)] = {"bind": str(data_dir), "mode": "ro"}
-    if theano_cache is not None:
-        volumes[str(theano_cache)] = {"bind": THEANO_CACHE_MOUNT, "mode": "rw"}
-        env[THEANO_CACHE_VARIABLE] = THEANO_CACHE_MOUNT
+    if compile_cache is not None:
+        volumes[str(compile_cache)] = {"bind": COMPILE_CACHE_MOUNT, "mode": "rw"}
+        env[COMPILE_CACHE_VARIABLE] = COMPILE_CACHE_MOUNT
     kwargs: dict[str, Any] = {
         "image": image.image_id,
         # the image's PATH finds its venv first; the lease is the container's stdin (``StdinLease``)
@@ -264,19 +265,21 @@ def container_kwargs(params: Mapping[str, Any], *, image: ImageRef, run_dir: Pat
     return kwargs
 
 
-def theano_compile_cache(params: Mapping[str, Any], image: ImageRef, user: str) -> Path | None:
-    """The host folder a Theano cell of ``image`` compiles into, shared by every cell of that
-    image run as ``user`` (``$MATRUN_HOME/compile/theano/<image id>-<uid>``, made and owned by
-    that user): a container starts with an empty ``/tmp`` and a read-only root, so without it
-    each cell compiled every C module of its graph again (LeNet-5: 105-120 s on a 2-core host,
+def compile_cache(params: Mapping[str, Any], image: ImageRef, user: str) -> Path | None:
+    """The host folder a cell of ``image`` compiles into when its framework says
+    ``compile_cache = true`` (framework.toml: Theano), shared by every cell of that image run as
+    ``user`` (``$MATRUN_HOME/compile/<framework>/<image id>-<uid>``, made and owned by that
+    user): a container starts with an empty ``/tmp`` and a read-only root, so without it each
+    Theano cell compiled every C module of its graph again (LeNet-5: 105-120 s on a 2-core host,
     against ~17 s for a cell that finds them).  Theano keys each module by its code, compiler
-    flags and libraries (the variant's ``blas.ldflags``) and locks the folder, so cells that share
-    it never load another's module.  None for other frameworks, and where the folder cannot be
-    made the cell's user's (the cell then compiles in its run directory)."""
-    if params.get("framework") != "theano":
+    flags and libraries (the variant's ``blas.ldflags``) and locks the folder, so cells that
+    share it never load another's module.  None for other frameworks, and where the folder
+    cannot be made the cell's user's (the cell then compiles in its run directory)."""
+    framework = str(params.get("framework"))
+    if not get_framework(framework).compile_cache:
         return None
     uid, gid = (int(part) for part in user.split(":"))
-    path = matrun_home() / "compile" / "theano" / f"{image.image_id.split(':')[-1][:16]}-{uid}"
+    path = matrun_home() / "compile" / framework / f"{image.image_id.split(':')[-1][:16]}-{uid}"
     try:
         path.mkdir(parents=True, exist_ok=True)
         st = path.stat()
@@ -485,7 +488,7 @@ class DockerExecutor(SyncExecutor):
         kwargs = container_kwargs(params, image=ref, run_dir=run_dir, data_dir=request.data_dir,
                                   stage=stage_harness(), labels=labels, user=user,
                                   memory_limit=_memory_limit(request), shm_size=self.shm_size, plan=plan,
-                                  theano_cache=theano_compile_cache(params, ref, user))
+                                  compile_cache=compile_cache(params, ref, user))
         started = datetime.now(timezone.utc)
         t0 = time.monotonic()
         container = None

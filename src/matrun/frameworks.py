@@ -194,6 +194,9 @@ class Framework:
     # apply and the host nulls it (``unused_keys``), as ``kvstore`` for a framework without
     # parameter servers
     onednn: bool = True
+    # True: the framework compiles code when a cell starts that later cells can load (Theano's
+    # C modules): the docker executor gives its cells a cache per image (``compile_cache``)
+    compile_cache: bool = False
 
     def preset_for(self, preset: str, family: str) -> Mapping[str, Any] | None:
         """The parameters ``preset`` gives this framework for a dataset family, or None."""
@@ -295,7 +298,8 @@ def display_name(name: str) -> str:
 #: has ``[presets-P.<family>]`` (docs/PRESETS.md).
 DEFAULT_PRESET = "framework-default"
 NAMED_PRESETS = tuple(p for p in PRESETS if p not in ("none", DEFAULT_PRESET))
-_TOP_KEYS = ("name", "display_name", "default", "import_check", "builtin_blas", "onednn", "env", "unsupported",
+_TOP_KEYS = ("name", "display_name", "default", "import_check", "builtin_blas", "onednn", "compile_cache", "env",
+             "unsupported",
              "defaults",
              "presets", *(f"presets-{p}" for p in NAMED_PRESETS), "workers", "variants")
 _ENV_KEYS = ("threads", "interop_threads", "onednn", "fixed", "host_prefixes")
@@ -376,6 +380,7 @@ def _parse(folder: str, doc: dict[str, Any]) -> Framework:
                   for k, v in _keys(f"{file} [defaults]", doc.get("defaults", {}), _DEFAULT_KEYS).items()},
         builtin_blas=None if builtin_blas is None else _text(file, "builtin_blas", builtin_blas),
         onednn=_flag(file, "onednn", doc.get("onednn", True)),
+        compile_cache=_flag(file, "compile_cache", doc.get("compile_cache", False)),
         workers=_parse_workers(file, doc.get("workers", {})),
     )
 

@@ -22,7 +22,7 @@ reads them while it is imported (docs/frameworks/theano.md).
 - ``floatX=float32`` (the only precision: fp16 / bf16 / tf32 are refused).
 - ``base_compiledir``: where Theano compiles and caches its C modules.  It must be writable
   and allow executing what is written there (Theano loads the modules it compiled): the
-  first of ``$MATRUN_THEANO_CACHE`` (the docker executor mounts one per image there, the
+  first of ``$MATRUN_COMPILE_CACHE`` (the docker executor mounts one per image there, the
   cells of an image share it), ``<tempdir>/matrun-theano-<uid>`` (a cache the cells of a
   host share), the
   working directory's ``.matrun-theano`` (a container's /tmp is ``noexec``: there the run
@@ -76,7 +76,7 @@ from . import TrainOutcome
 NAME = "theano"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 COMPILE_DIR = ".matrun-theano"  # in a working directory, when no shared one can be used
-CACHE_VARIABLE = "MATRUN_THEANO_CACHE"  # a compile cache the executor mounted (docker: one per image)
+CACHE_VARIABLE = "MATRUN_COMPILE_CACHE"  # a compile cache the executor mounted (docker: one per image)
 BN_MOMENTUM = 0.1  # PyTorch's (Theano: running_average_factor)
 BN_EPS = 1e-5  # given to Theano as float32's next value above it (_bn_eps)
 #: Why Theano's OpenMP stays off without a BLAS library: CorrMM's OpenMP loop would call the
@@ -427,7 +427,7 @@ def _parse_flags(text: str) -> dict[str, str]:
 
 def compile_home() -> tuple[str, bool]:
     """(Theano's base_compiledir, whether this process removes it when it ends): the first
-    usable of the image's cache the docker executor mounts (``$MATRUN_THEANO_CACHE``), the
+    usable of the image's cache the docker executor mounts (``$MATRUN_COMPILE_CACHE``), the
     host's shared cache under the temporary directory, this working directory's
     ``.matrun-theano``, and the parent process's (the oneDNN check's run)."""
     candidates = []
