@@ -162,7 +162,7 @@ BAD = [
      "matrix.toml: [fixed -> variant] expected a variant name of lower-case letters, digits, '.', '_' "
      'or \'-\', got "cpu`id`"'),
     ("unknown variant", '[fixed]\nvariant = "rocm"\n',
-     'matrix.toml: [fixed] torch has no variant "rocm"; known: cpu, cuda, cpu-openblas, cpu-blis, '
+     'matrix.toml: [fixed] torch has no variant "rocm"; known: cpu, cuda, cuda-pypi, cpu-openblas, cpu-blis, '
      "cpu-reference (images/torch/framework.toml)"),
     ("gpu cell of a cpu variant", '[fixed]\nframework = "mxnet"\ndevice = "gpu"\n',
      'matrix.toml: [fixed] variant "cpu" of mxnet is a CPU build; a gpu cell needs one of: cu117'),
