@@ -315,7 +315,7 @@ REFUSED = [
     ({"onednn": False}, "jax cannot run this cell: XLA's CPU backend has no switch that turns oneDNN off"),
     ({"interop_threads": 2}, "jax cannot run this cell: XLA's CPU runtime has one thread pool"),
     ({"precision": "tf32"}, "jax cannot run this cell: TF32 is a feature of NVIDIA Ampere and later GPUs"),
-    ({"device": "gpu"}, 'variant "cpu" of jax is a CPU build; a gpu cell needs one of: cuda'),
+    ({"device": "gpu"}, 'variant "cpu" of jax is a CPU build; a gpu cell needs one of: cuda, cuda-pypi'),
     ({"dataset": "cifar10", "preset": "framework-default"},
      "preset \"framework-default\" has no jax example for dataset 'cifar10' (it has: mnist, fashion-mnist)"),
 ]

@@ -277,7 +277,7 @@ REFUSED = [
     ({"precision": "tf32"},
      "matrix.toml: [fixed] tensorflow cannot run this cell: TF32 is a feature of NVIDIA Ampere and later GPUs"),
     ({"device": "gpu"},
-     'matrix.toml: [fixed] variant "cpu" of tensorflow is a CPU build; a gpu cell needs one of: cuda'),
+     'matrix.toml: [fixed] variant "cpu" of tensorflow is a CPU build; a gpu cell needs one of: cuda, cuda-pypi'),
 ]
 
 
