@@ -82,29 +82,37 @@ def probe_image(client: "docker.DockerClient", tag: str, framework: str, variant
         security_opt=["no-new-privileges"], read_only=True, tmpfs={"/tmp": "exec"},
         volumes={str(harness_dir or stage_harness()): {"bind": HARNESS_MOUNT, "mode": "ro"}},
         labels={f"{LABEL}.role": "probe"}, **_gpu_request(gpu))
+    return summarise_probe(_probe_fields(container, f"the probe of {tag}", timeout))
+
+
+def _probe_fields(container: Any, what: str, timeout: float) -> dict[str, Any]:
+    """Wait for a probe's container (killed past ``timeout``), remove it, and return the JSON
+    of its last ``PROBE_MARK`` line; ``EnvironmentBuildError`` (``what`` and the log's tail)
+    when it timed out, failed or printed none."""
     try:
         try:
             status = container.wait(timeout=timeout)
         except Exception as exc:  # the SDK raises a requests timeout
             container.kill()
-            raise EnvironmentBuildError(f"the probe of {tag} did not finish in {timeout:.0f} s") from exc
+            raise EnvironmentBuildError(f"{what} did not finish in {timeout:.0f} s") from exc
         logs = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
     finally:
         container.remove(force=True)
     found = [line[len(PROBE_MARK):] for line in logs.splitlines() if line.startswith(PROBE_MARK)]
     if status.get("StatusCode") != 0 or not found:
         tail = "\n".join(logs.splitlines()[-LOG_TAIL_LINES:])
-        raise EnvironmentBuildError(f"the probe of {tag} failed (exit {status.get('StatusCode')}):\n{tail}")
-    return summarise_probe(json.loads(found[-1]))
+        raise EnvironmentBuildError(f"{what} failed (exit {status.get('StatusCode')}):\n{tail}")
+    return json.loads(found[-1])
 
 
 #: The CUDA libraries a GPU image's library probe looks for, and how each reports its version:
 #: (file name prefix, C function, how it answers).  None of these needs a GPU or the driver.
-CUDA_SYSTEM_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64",
-                    "/usr/lib")
 CUDA_LIBRARIES = (("cuda_runtime", "libcudart.so", "cudaRuntimeGetVersion", "out"),
                   ("cudnn", "libcudnn.so", "cudnnGetVersion", "return"),
                   ("nccl", "libnccl.so", "ncclGetVersion", "out"))
+#: Where the library probe looks after the venv's nvidia-* wheels: NVIDIA's base images, Debian's.
+CUDA_SYSTEM_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64",
+                    "/usr/lib")
 
 #: Run in a GPU image on a host without a GPU (python3 -c; no harness, no network): the
 #: framework imported as framework.toml's import_check does (a CUDA framework may refuse to
@@ -198,20 +206,7 @@ def probe_cuda_libraries(client: "docker.DockerClient", tag: str, framework: str
         environment=dict(fw.fixed_env), network_mode="none", user="1000:1000", cap_drop=["ALL"],
         security_opt=["no-new-privileges"], read_only=True, tmpfs={"/tmp": ""},
         labels={f"{LABEL}.role": "probe"})
-    try:
-        try:
-            status = container.wait(timeout=timeout)
-        except Exception as exc:  # the SDK raises a requests timeout
-            container.kill()
-            raise EnvironmentBuildError(f"the library probe of {tag} did not finish in {timeout:.0f} s") from exc
-        logs = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
-    finally:
-        container.remove(force=True)
-    found = [line[len(PROBE_MARK):] for line in logs.splitlines() if line.startswith(PROBE_MARK)]
-    if status.get("StatusCode") != 0 or not found:
-        tail = "\n".join(logs.splitlines()[-LOG_TAIL_LINES:])
-        raise EnvironmentBuildError(f"the library probe of {tag} failed (exit {status.get('StatusCode')}):\n{tail}")
-    return summarise_cuda_libraries(framework, json.loads(found[-1]))
+    return summarise_cuda_libraries(framework, _probe_fields(container, f"the library probe of {tag}", timeout))
 
 
 def _gpu_request(gpu: bool) -> dict[str, Any]:

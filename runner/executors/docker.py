@@ -285,7 +285,8 @@ def compile_cache(params: Mapping[str, Any], image: ImageRef, user: str) -> Path
         st = path.stat()
         if (st.st_uid, st.st_gid) != (uid, gid):
             os.chown(path, uid, gid)
-        os.chmod(path, 0o700)
+        if st.st_mode & 0o777 != 0o700:
+            os.chmod(path, 0o700)
     except OSError:  # not ours to give (or no space): the cell compiles in its run directory, as before
         return None
     return path
