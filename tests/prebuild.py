@@ -1,15 +1,16 @@
-"""Build the environments and images the heavy test lane's session fixtures use, ahead of it.
+"""Build the environments and images the heavy test files' session fixtures use, ahead of them.
 
-`make test` runs this in the background (niced) while the light lane runs, and waits for it
-before the heavy lane starts: on a machine with nothing installed, building six framework
-environments and eleven images is about 20 minutes of which much is waiting on the network and
-the disk (pip downloads, debootstrap, image layers), time the light lane's CPU work can fill.
+`make test` runs this in the background (niced) beside the test workers: on a machine with
+nothing installed, building six framework environments and eleven images is about 20 minutes of
+which much is waiting on the network and the disk (pip downloads, debootstrap, image layers),
+time the light files' CPU work can fill; a heavy test that needs an item first waits on its
+build lock and finds it built.
 Each item goes through the very path its fixture takes (`ensure_env`; conftest.built_image:
 `engine.ensure_base_image` then `builds.build_images`), so a fixture then finds it built; the
 image's probe and the variant's promise check are left to the fixture (it runs them on an image
 found built too: probing here would do that work twice).  An item that fails here is built
 again by its fixture, whose test fails with the reason.  Prints one line per item and
-exits 1 when an item failed (`make test` reports it and runs both lanes all the same).
+exits 1 when an item failed (`make test` reports it and runs the tests all the same).
 """
 
 from __future__ import annotations

@@ -72,8 +72,10 @@ def system_cell(python: Path | str, extra: str = "") -> str:
     return f'[fixed]\nvariant = "system"\npython = "{python}"\ndataset = "synthetic"\n{extra}'
 
 
-def matrun(*args: str, cwd: Path, home: Path, check: bool = True) -> subprocess.CompletedProcess:
+def matrun(*args: str, cwd: Path, home: Path, check: bool = True, columns: int | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **NO_ENGINE, "MATRUN_HOME": str(home)}
+    if columns is not None:  # a table written to a pipe is 160 columns wide unless $COLUMNS says more
+        env["COLUMNS"] = str(columns)
     proc = subprocess.run([*MATRUN, *args], cwd=cwd, capture_output=True, text=True, env=env)
     assert "Traceback" not in proc.stderr, proc.stderr
     if check and proc.returncode != 0:
@@ -455,7 +457,8 @@ def test_a_real_lenet_cell_runs_in_the_site_python_and_lands_in_the_warehouse(tm
     assert f"torch=={run_probe['framework_version']}" in run_probe["packages"]
     assert "matrun-site-marker==1.0" in run_probe["packages"]
 
-    listed = matrun("envs", cwd=tmp_path, home=home).stdout
+    # wide enough for the site's path in one piece (under pytest-xdist tmp_path is longer)
+    listed = matrun("envs", cwd=tmp_path, home=home, columns=400).stdout
     assert probe.env_id("torch") in listed and str(site) in listed
 
     # a package installed into the site's Python: another environment, so the cell is to run again

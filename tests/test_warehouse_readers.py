@@ -103,15 +103,15 @@ def test_readers_polling_every_50_ms_are_never_refused_nor_see_half_an_ingest(tm
     make_bundle(tmp_path / "first", cell_id="f" * 16, step_seconds=seconds, warmup_steps=10)
     ingest([tmp_path / "first"], warehouse=path)
     bundles = [make_bundle(tmp_path / "results", cell_id=f"{i:016x}", step_seconds=seconds,
-                           warmup_steps=10) for i in range(18)]
+                           warmup_steps=10) for i in range(9)]
     stop = tmp_path / "stop"
     poller = subprocess.Popen([sys.executable, "-c", _POLLER, "attach.sql", str(steps), str(stop)], cwd=path,
                               env=client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(0.5)
-        for bundle in bundles[:8]:  # as a sweep ingests: one bundle per call
+        for bundle in bundles[:4]:  # as a sweep ingests: one bundle per call
             assert len(ingest([bundle], warehouse=path).ingested) == 1
-        assert len(ingest([tmp_path / "results"], warehouse=path).ingested) == 10  # one batch
+        assert len(ingest([tmp_path / "results"], warehouse=path).ingested) == 5  # one batch
     finally:
         stop.write_text("")
         out, err = poller.communicate(timeout=120)
