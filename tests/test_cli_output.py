@@ -301,15 +301,3 @@ def test_report_labels_leave_null_parameters_out() -> None:
     parts = label_parts(many, params)
     assert len({" ".join(p) for p in parts}) == len(many)
     assert not any("None" in part or part.endswith("=-") for p in parts for part in p)
-
-
-@pytest.mark.parametrize("columns, width", [(None, 160), ("300", 300), ("40", 40), ("39", 160), ("abc", 160),
-                                            ("-5", 160), ("", 160), ("99999999999", 160), ("1e3", 160)])
-def test_a_piped_table_is_160_columns_or_what_columns_says(monkeypatch: pytest.MonkeyPatch, columns, width) -> None:
-    from matrun.runner.cli.common import _piped_width
-
-    if columns is None:
-        monkeypatch.delenv("COLUMNS", raising=False)
-    else:
-        monkeypatch.setenv("COLUMNS", columns)
-    assert _piped_width() == width

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import sys
 import time
 import tomllib
@@ -72,10 +73,8 @@ def system_cell(python: Path | str, extra: str = "") -> str:
     return f'[fixed]\nvariant = "system"\npython = "{python}"\ndataset = "synthetic"\n{extra}'
 
 
-def matrun(*args: str, cwd: Path, home: Path, check: bool = True, columns: int | None = None) -> subprocess.CompletedProcess:
+def matrun(*args: str, cwd: Path, home: Path, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, **NO_ENGINE, "MATRUN_HOME": str(home)}
-    if columns is not None:  # a table written to a pipe is 160 columns wide unless $COLUMNS says more
-        env["COLUMNS"] = str(columns)
     proc = subprocess.run([*MATRUN, *args], cwd=cwd, capture_output=True, text=True, env=env)
     assert "Traceback" not in proc.stderr, proc.stderr
     if check and proc.returncode != 0:
@@ -417,14 +416,23 @@ def test_build_and_envs_have_nothing_to_build_for_system_cells(tmp_path: Path, b
 # -- a real cell ----------------------------------------------------------------------------
 
 
+@pytest.fixture
+def short_dir():
+    """A directory with a short path: `matrun envs` into a pipe is a 160-column table, and a site
+    path under pytest-xdist's longer tmp_path (``popen-gw0/``) is folded onto two lines there."""
+    path = Path(tempfile.mkdtemp(prefix="site-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.slow
 def test_a_real_lenet_cell_runs_in_the_site_python_and_lands_in_the_warehouse(tmp_path: Path, torch_env,
-                                                                                bare: Path) -> None:
+                                                                                bare: Path, short_dir: Path) -> None:
     """A "site Python" made here: a virtual environment of its own whose site-packages carry the
     PyTorch environment's packages (a .pth line) plus one package of its own.  A LeNet-5 cell
     runs in it through `matrun sweep --executor local`; the warehouse row has the environment id
     the probe gave and the packages the run found."""
-    site = make_venv(tmp_path / "site", base=torch_env.python)
+    site = make_venv(short_dir / "site", base=torch_env.python)
     (site_packages(site) / "torch-env.pth").write_text(f"{site_packages(torch_env.python)}\n")
     add_distribution(site, "matrun-site-marker", "1.0")
     home = tmp_path / "home"
@@ -451,14 +459,13 @@ def test_a_real_lenet_cell_runs_in_the_site_python_and_lands_in_the_warehouse(tm
     env_id, executor, status, params, run_probe = row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4])
     assert (env_id, executor, status) == (probe.env_id("torch"), "local", "ok")
     assert params["variant"] == "system" and params["python"] == str(site)
-    assert run_probe["interpreter"] == {"executable": str(site), "prefix": str((tmp_path / "site").resolve()),
+    assert run_probe["interpreter"] == {"executable": str(site), "prefix": str((short_dir / "site").resolve()),
                                         "implementation": "CPython"}
     assert run_probe["packages"] == list(probe.distributions)  # what the run saw is what the plan hashed
     assert f"torch=={run_probe['framework_version']}" in run_probe["packages"]
     assert "matrun-site-marker==1.0" in run_probe["packages"]
 
-    # wide enough for the site's path in one piece (under pytest-xdist tmp_path is longer)
-    listed = matrun("envs", cwd=tmp_path, home=home, columns=400).stdout
+    listed = matrun("envs", cwd=tmp_path, home=home).stdout
     assert probe.env_id("torch") in listed and str(site) in listed
 
     # a package installed into the site's Python: another environment, so the cell is to run again

@@ -94,16 +94,8 @@ def _options(version: Annotated[bool, typer.Option(
     """The options of ``matrun`` itself, before any command: ``--version``."""
 
 
-def _piped_width() -> int:
-    """The width of a table written to a pipe or a file: $COLUMNS when it is a number of at
-    least 40, else 160 (a terminal's own width is used on a terminal)."""
-    value = os.environ.get("COLUMNS", "")
-    return int(value) if value.isdigit() and 40 <= int(value) <= 10_000 else 160
-
-
-#: Tables and results (stdout), wide when piped ($COLUMNS widens them further); progress and
-#: notes go to ``err`` (stderr).
-out = Console(width=None if sys.stdout.isatty() else _piped_width())
+#: Tables and results (stdout), wide when piped; progress and notes go to ``err`` (stderr).
+out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 MatrixArg = Annotated[Path, typer.Argument(metavar="MATRIX", help="The matrix file.", show_default=True)]
