@@ -35,10 +35,9 @@ HEAVY_FILES = {"test_build.py", "test_cli_hardening.py", "test_studies_e2e.py", 
 ONE_FILE_RESOURCES = {"slurm_cluster": "test_slurm.py"}
 #: The order the workers take the files in, longest first, so that no long file starts last and
 #: keeps one worker busy alone at the end: each file's seconds, the heavy ones as profiled alone
-#: (benchmarks/suite_profile.py), the light ones as estimated from their --durations.  This
-#: order ran the first step in 2,299 s; ordered by the seconds each file took with both workers
-#: busy instead (the heaviest files first, together), it took 2,798 s in the next run (one run
-#: each: docs/ARCHITECTURE.md "Tests").  A file not named here counts as SHORT_FILE seconds.
+#: (benchmarks/suite_profile.py), the light ones as estimated from their --durations (why this
+#: order and not another: docs/ARCHITECTURE.md "Tests").  A file not named here counts as
+#: SHORT_FILE seconds.
 FILE_SECONDS = {
     # heavy files (real frameworks, containers, Slurm)
     "test_slurm.py": 260, "test_sweep.py": 228, "test_studies_e2e.py": 214, "test_jax.py": 190,

@@ -11,8 +11,8 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
