@@ -160,11 +160,12 @@ def engine_missing(reason: str):
 
 @pytest.fixture(scope="session")
 def docker_client():
-    """A client of the local Docker engine."""
+    """A client of the local Docker engine, with the timeout of one that builds (the fixtures
+    build images with it, beside the other worker's tests)."""
     try:
-        from matrun.runner.environments.engine import connect
+        from matrun.runner.environments.engine import BUILD_TIMEOUT, connect
 
-        return connect()
+        return connect(timeout=BUILD_TIMEOUT)
     except Exception as exc:  # EngineUnavailable; InputError for a DOCKER_HOST matrun refuses
         engine_missing(f"no Docker engine: {exc}")
 

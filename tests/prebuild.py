@@ -57,7 +57,7 @@ def main() -> int:
     ok = all([_item(f"environment {fw}:{variant}", lambda fw=fw, variant=variant: ensure_env(fw, variant))
               for fw, variant in ENVS])
     try:
-        client = engine.connect()
+        client = engine.connect(timeout=engine.BUILD_TIMEOUT)
         engine.ensure_base_image(client)
     except Exception as exc:
         print(f"prebuild: no Docker engine or base image, images left to their tests: {exc}", flush=True)

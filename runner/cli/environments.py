@@ -137,7 +137,7 @@ def build(
         ca_bundle = _default_ca_bundle()
     elif not ca_bundle.is_file():
         raise InputError(f"CA bundle {ca_bundle} is not a file")
-    client = engine.connect()
+    client = engine.connect(timeout=engine.BUILD_TIMEOUT)
     if make_base:
         base = base_image or engine.BASE_IMAGE
         _, seconds = engine.ensure_base_image(client, base)

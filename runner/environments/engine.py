@@ -84,6 +84,13 @@ def engine_url(docker_host: str | None = None) -> str:
         f"tcp://127.0.0.1 (unset DOCKER_HOST to use {DEFAULT_SOCKET})")
 
 
+#: The API timeout of a client that builds images: committing a layer of a gigabyte or reading a
+#: large image's attributes can keep a loaded engine from answering for longer than the usual
+#: 10 s (seen on a 2-core host while tests ran beside the build: `images.get` after a finished
+#: build timed out and the build was reported failed).
+BUILD_TIMEOUT = 300.0
+
+
 def connect(docker_host: str | None = None, *, timeout: float = 10.0) -> "docker.DockerClient":
     """A client of the local engine that answered a ping; ``EngineUnavailable`` otherwise."""
     url = engine_url(docker_host)
