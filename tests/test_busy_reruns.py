@@ -356,3 +356,25 @@ def test_the_compare_command_notes_the_busy_runs_set_aside(warehouse: Path) -> N
     assert proc.returncode == 0, proc.stderr
     assert ("note: busy runs set aside (they started on a busy machine and a clean run of the same repeat is "
             "compared instead): A 2, B 0") in proc.stdout
+
+
+def test_the_sweep_display_prints_the_re_run_and_counts_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from rich.console import Console
+
+    from matrun.runner.cli.progress import SweepDisplay
+    from matrun.runner.planning.identity import plan_cells
+    from matrun.runner.sweep.records import SweepEvent
+
+    pc = plan_cells(load_matrix(write(tmp_path, "rerun_busy = true")), lambda fw, variant: "env")[0]
+    display = SweepDisplay(Console(stderr=True))
+    assert not display.live  # captured: the plain lines
+    display(SweepEvent("plan", "2 runs to do, 0 already done", total=2, expected={}))
+    display(SweepEvent("run-start", cell=pc, repeat=0))
+    display(SweepEvent("run-end", cell=pc, repeat=0, outcome=_outcome()))
+    display(SweepEvent("run-again", f"cell {pc.cell_id} repeat 0 started on a busy machine (…): running it "
+                                    "again, busy re-run 1 of 2", cell=pc, repeat=0))
+    display(SweepEvent("run-start", cell=pc, repeat=0))
+    display.stop()
+    lines = capsys.readouterr().err.splitlines()
+    assert f"cell {pc.cell_id} repeat 0 started on a busy machine (…): running it again, busy re-run 1 of 2" in lines
+    assert [line.split(":")[0] for line in lines if line.startswith("run ")] == ["run 1 of 2", "run 2 of 3"]
