@@ -119,7 +119,8 @@ def test_the_unknown_key_message_lists_canary(tmp_path: Path) -> None:
     with pytest.raises(MatrixError) as info:
         load_matrix(write(tmp_path, "canry = true"))
     assert str(info.value) == ("matrix.toml: [sweep -> canry] unknown key; expected one of name, results, "
-                               "warehouse, data_dir, repeats, timeout, executor, max_cells, canary")
+                               "warehouse, data_dir, repeats, timeout, executor, max_cells, canary, rerun_busy, "
+                               "busy_reruns")
 
 
 def test_canary_values_that_are_fine(tmp_path: Path) -> None:

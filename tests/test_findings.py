@@ -44,7 +44,7 @@ from matrun.warehouse.query import run_query
 
 COLUMNS = ("study, title, finding, claim, cite, check_kind, config, config_label, framework, model, dataset, "
            "device, x, verdict, observed, effect, expected, p_value, test, n, ref_n, cell_id, "
-           "ref_cell_id, position")
+           "ref_cell_id, position, busy_set_aside")
 VERDICTS = {"reproduced", "contradicted", "not significant", "not enough data"}
 BY_DATASET = {"mnist": "reproduced", "fashion-mnist": "contradicted", "cifar10": "not significant",
               "synthetic": "not enough data"}

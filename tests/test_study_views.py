@@ -49,7 +49,7 @@ CONTRACT = {
                   "threads, interop_threads, batch_size, epochs, iterations, optimizer, lr, onednn, "
                   "layout, precision, conv_algo, gpus, nodes, workers, scaling, global_batch, "
                   "preset, cpuset, seed, params, "
-                  "runs, failed_runs, timeout_runs, oom_runs, diverged_runs, mismatch_runs, "
+                  "runs, failed_runs, timeout_runs, oom_runs, diverged_runs, mismatch_runs, busy_set_aside, "
                   "train_s_n, train_s_median, train_s_ci_low, train_s_ci_high, train_s_ci_level, "
                   "train_s_cv, train_s_noisy, train_s_values, "
                   "test_s_n, test_s_median, test_s_ci_low, test_s_ci_high, test_s_ci_level, "

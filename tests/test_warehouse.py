@@ -53,7 +53,8 @@ def test_new_warehouse_has_tables_views_and_every_migration_row(tmp_path: Path) 
         assert VIEWS <= _names(wh.con, "views")
     rows = _migration_rows(path)
     assert [(v, n) for v, n, _ in rows] == [(1, "initial"), (2, "layers"), (3, "images"), (4, "studies"),
-                                       (5, "bundle_stat"), (6, "view_caches"), (7, "gpu_energy_state"), (8, "phases")]
+                                       (5, "bundle_stat"), (6, "view_caches"), (7, "gpu_energy_state"), (8, "phases"),
+                                       (9, "busy_set_aside")]
     assert rows[0][2]  # applied_at recorded
 
 

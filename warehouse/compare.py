@@ -15,6 +15,8 @@ of B's throughput against A's, "interval overlap" and never significant when the
 cannot reach p < 0.05) and ``verdict``; ``two_modes`` says whether a side's throughputs fall
 into two modes (``bimodal``), view ``run_drift`` how many of its ok runs were measured while
 the sweep's canary had drifted (``drifted_runs``).  A sweep's canary runs are never selected.
+An ok run that started on a busy machine is left out of its side's statistics while that side
+selects a clean ok run of the same (cell, repeat) (``busy_set_aside``; ``[sweep] rerun_busy``).
 """
 
 from __future__ import annotations
@@ -194,7 +196,9 @@ def select_runs(text: str, *, side: str, warehouse: Path) -> Selection:
 # -- the comparison --------------------------------------------------------------------------
 
 # Per side and match key: counts over the selected runs, statistics over their ok runs (a
-# diverged run's times are left out, its throughput counts: as in views/cell_stats.sql).
+# diverged run's times are left out, its throughput counts: as in views/cell_stats.sql; a run
+# that started busy is set aside while a clean ok run of its (cell, repeat) is selected on the
+# same side, as views/cell_facts_live.sql does, and counted in busy_set_aside).
 COMPARE_SQL = """
 WITH sel AS (
     SELECT 'a' AS side, unnest($a::VARCHAR[]) AS run_id
@@ -206,7 +210,10 @@ r AS (
         CASE WHEN x.diverged THEN NULL ELSE o.train_seconds END AS train_seconds,
         o.accuracy, o.throughput,
         params_key(x.params, $drop::VARCHAR[]) AS match_key,
-        x.params, coalesce(d.drift_flagged, false) AS drifted
+        x.params, coalesce(d.drift_flagged, false) AS drifted,
+        o.status = 'ok' AND coalesce(x.busy_start, false)
+            AND bool_or(o.status = 'ok' AND NOT coalesce(x.busy_start, false))
+                OVER (PARTITION BY s.side, o.cell_id, x."repeat") AS set_aside
     FROM sel AS s
     JOIN run_overview AS o USING (run_id)
     JOIN runs AS x USING (run_id)
@@ -219,7 +226,8 @@ counts AS (
         list_sort(list_distinct(list(env_id))) AS envs,
         count(*) FILTER (WHERE status = 'ok') AS runs,
         count(*) FILTER (WHERE status <> 'ok') AS failed_runs,
-        count(*) FILTER (WHERE status = 'ok' AND drifted) AS drifted_runs
+        count(*) FILTER (WHERE status = 'ok' AND drifted) AS drifted_runs,
+        count(*) FILTER (WHERE set_aside) AS busy_set_aside
     FROM r
     GROUP BY side, match_key
 ),
@@ -233,7 +241,7 @@ ok AS (
         median(accuracy) AS accuracy_median,
         list(accuracy ORDER BY accuracy) FILTER (WHERE accuracy IS NOT NULL) AS accuracy_values
     FROM r
-    WHERE status = 'ok'
+    WHERE status = 'ok' AND NOT set_aside
     GROUP BY side, match_key
 ),
 s AS (
@@ -265,6 +273,7 @@ pairs AS (
         a.throughput_cv AS a_throughput_cv, b.throughput_cv AS b_throughput_cv,
         coalesce(a.bimodal, false) AS a_bimodal, coalesce(b.bimodal, false) AS b_bimodal,
         coalesce(a.drifted_runs, 0) AS a_drifted_runs, coalesce(b.drifted_runs, 0) AS b_drifted_runs,
+        coalesce(a.busy_set_aside, 0) AS a_busy_set_aside, coalesce(b.busy_set_aside, 0) AS b_busy_set_aside,
         a.accuracy_median AS a_accuracy, b.accuracy_median AS b_accuracy,
         compare_samples(b.throughput_values, a.throughput_values) AS tcmp,
         compare_samples(b.accuracy_values, a.accuracy_values) AS acmp
@@ -297,7 +306,8 @@ COLUMNS = (
     "a_throughput_ci_level", "b_throughput_ci_low", "b_throughput_ci_high",
     "b_throughput_ci_level", "throughput_ratio",
     "a_train_s_cv", "b_train_s_cv", "a_throughput_cv", "b_throughput_cv", "a_noisy", "b_noisy",
-    "a_bimodal", "b_bimodal", "a_drifted_runs", "b_drifted_runs", "a_accuracy", "b_accuracy", "accuracy_change",
+    "a_bimodal", "b_bimodal", "a_drifted_runs", "b_drifted_runs", "a_busy_set_aside", "b_busy_set_aside",
+    "a_accuracy", "b_accuracy", "accuracy_change",
     "p_value", "test", "significant", "verdict",
     "accuracy_p_value", "accuracy_significant", "accuracy_verdict", "params",
 )

@@ -89,6 +89,10 @@ def _compare_tables(result: Any) -> None:
             typer.echo(f"note: {len(pooled)} matched {'cell pools' if len(pooled) == 1 else 'cells pool'} "
                        f"the runs of several cells of one side ({', '.join(pooled)}): ignore fewer "
                        "parameters or narrow the selection to compare one cell with one")
+        busy = [sum(c[f"{s}_busy_set_aside"] for c in result.matched) for s in ("a", "b")]
+        if any(busy):
+            typer.echo(f"note: busy runs set aside (they started on a busy machine and a clean run of the same "
+                       f"repeat is compared instead): A {busy[0]}, B {busy[1]}")
         envs = sorted({(" ".join(c["a_envs"]), " ".join(c["b_envs"])) for c in result.matched})
         for env_a, env_b in envs:
             if env_a != env_b:

@@ -93,6 +93,14 @@ class SweepDisplay:
                 typer.echo(f"run {done + 1} of {total}: {run}{label}; {left_text(self.progress.left())}", err=True)
         self._bar.refresh()
 
+    def _run_again(self, event: Any) -> None:
+        """The run that just ended started busy: its repeat runs once more ([sweep] rerun_busy)."""
+        self._print(event.text)
+        if self.progress is not None:
+            self.progress.added(event.cell.cell_id)
+        if self._task is not None:
+            self._bar.update(self._task, total=self.progress.total if self.progress else None)
+
     def _run_skip(self, event: Any) -> None:
         self._ended(event.cell.cell_id, None)
         self._print(f"{'done':>9}  {event.cell.cell_id}  {repeat_text(event.repeat)}  ({event.text})  "

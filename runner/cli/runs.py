@@ -55,6 +55,11 @@ def plan(
     else:
         rest = "estimated time for the rest: unknown (no earlier runs)"
     typer.echo(f"{footer['runs']} runs: {footer['done']} done, {footer['todo']} to run; {rest}")
+    if footer["busy_reruns"]:
+        typer.echo(f"busy runs: a repeat whose run starts on a busy machine runs again, up to {footer['busy_reruns']} "
+                   "time(s) ([sweep] rerun_busy, busy_reruns; local and docker executors)")
+    else:
+        typer.echo("busy runs: not run again ([sweep] rerun_busy = false)")
     for line in footer["unrunnable"]:  # what `matrun sweep` refuses (or skips with --skip-unrunnable)
         typer.echo(f"cannot run here: {line}", err=True)
     if footer["unrunnable"]:
@@ -72,6 +77,9 @@ def sweep(
         "host or executor cannot run (a site Python without their framework, say) and run the others; without it "
         "they are refused, by name, before anything runs.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Run again even the cells that already have an ok run.")] = False,
+    rerun_busy: Annotated[Optional[bool], typer.Option("--rerun-busy/--no-rerun-busy", help="Run a repeat again "
+        "when its run started on a busy machine, up to \\[sweep] busy_reruns times (default: \\[sweep] rerun_busy; "
+        "on for study files, off otherwise).")] = None,
     executor: Annotated[Optional[str], typer.Option(help="auto, local, docker or slurm (default: the matrix's \\[sweep] "
         "executor; auto: docker when a Docker engine answers, else local).")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Slurm: submit and return; a later `matrun sweep` "
@@ -97,7 +105,7 @@ def sweep(
     try:
         summary = run_sweep(matrix_path=matrix, where=where, force=force, executor=executor, on_event=display,
                             detach=detach, slurm=slurm, profile=profile, overrides=overrides,
-                            skip_unrunnable=skip_unrunnable)
+                            skip_unrunnable=skip_unrunnable, rerun_busy=rerun_busy)
     except SweepStopped as stopped:  # what ran until then, then the Error line (common.py)
         display.stop()
         if stopped.summary.ran or stopped.summary.ingested or stopped.summary.skipped:
@@ -136,8 +144,9 @@ def _print_summary(summary: SweepSummary) -> None:
     else:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.by_status.items())) or "nothing to run"
         elsewhere = f" ({summary.done_elsewhere} by another sweep meanwhile)" if summary.done_elsewhere else ""
+        busy = f"; {summary.busy_reruns} run(s) made again after a busy start" if summary.busy_reruns else ""
         typer.echo(f"sweep {summary.sweep}: {summary.ran} runs ({counts}); {summary.skipped_done} already "
-                   f"done{elsewhere}")
+                   f"done{elsewhere}{busy}")
     typer.echo(f"warehouse: ingested {summary.ingested} run(s), {summary.unchanged} unchanged, "
                f"{len(summary.skipped)} skipped")
     for line in summary.skipped:

@@ -17,7 +17,7 @@ import itertools
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
@@ -67,6 +67,10 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 MAX_CANARY_EVERY = 100_000
 MAX_CANARY_WHERE = 32
 MAX_CANARY_WHERE_CHARS = 1000
+#: ``[sweep] busy_reruns``: at most this many re-runs of one repeat that started busy, and the
+#: default (runner/sweep/busy.py; docs/MATRIX.md "Busy runs").
+MAX_BUSY_RERUNS = 100
+DEFAULT_BUSY_RERUNS = 2
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ class SweepSettings:
     executor: str = "auto"
     max_cells: int = DEFAULT_MAX_CELLS
     canary: CanarySettings | None = None  # [sweep] canary; None: no canary runs
+    rerun_busy: bool = False  # [sweep] rerun_busy; a study file's default is true (parse_matrix)
+    busy_reruns: int = DEFAULT_BUSY_RERUNS  # [sweep] busy_reruns: extra attempts per repeat
 
 
 @dataclass(frozen=True)
@@ -225,6 +231,8 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = No
         # what fails from here on may be the overrides' doing: the messages say they applied
         errors.file = printable(f"{errors.file} with {spelled(overrides)}", 300)
     sweep = _parse_sweep(doc.get("sweep", {}), errors, base=path.parent)
+    if study is not None and not (isinstance(doc.get("sweep"), dict) and "rerun_busy" in doc["sweep"]):
+        sweep = replace(sweep, rerun_busy=True)  # a study's verdicts want clean runs: on unless it says
     fixed = _parse_fixed(doc.get("fixed", {}), errors)
     axes = _parse_axes(doc.get("axes", {}), errors)
     zips = _parse_zips(doc.get("zip", []), errors)
@@ -590,9 +598,19 @@ def _parse_sweep(raw: Any, errors: _Errors, *, base: Path) -> SweepSettings:
                 kw["max_cells"] = value
         elif key == "canary":
             kw["canary"] = _parse_canary(value, errors)
+        elif key == "rerun_busy":
+            if not isinstance(value, bool):
+                errors.add(where, f"expected true or false, got {show(value)}")
+            else:
+                kw["rerun_busy"] = value
+        elif key == "busy_reruns":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BUSY_RERUNS:
+                errors.add(where, f"expected a number of re-runs from 0 to {MAX_BUSY_RERUNS}, got {show(value)}")
+            else:
+                kw["busy_reruns"] = value
         else:
             errors.add(where, "unknown key; expected one of name, results, warehouse, data_dir, "
-                              "repeats, timeout, executor, max_cells, canary")
+                              "repeats, timeout, executor, max_cells, canary, rerun_busy, busy_reruns")
     kw.setdefault("results", base / "results")
     kw.setdefault("warehouse", base / "matrun.duckdb")
     return SweepSettings(**kw)

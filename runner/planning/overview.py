@@ -49,7 +49,9 @@ def plan_rows(*, matrix_path: Path, where: Sequence[str] = (), profile: str | No
                   and (reason := system_refusal(pc.cell.values["framework"], pc.cell.values["python"]))]
     footer = {"cells": len(cells), "repeats": repeats, "runs": len(cells) * repeats,
               "done": len(cells) * repeats - todo, "todo": todo, "varying": varying,
-              "estimate_s": estimate if have_estimate and todo else None, "unrunnable": unrunnable}
+              "estimate_s": estimate if have_estimate and todo else None, "unrunnable": unrunnable,
+              # [sweep] rerun_busy and busy_reruns: re-runs a repeat that starts busy may get
+              "busy_reruns": matrix.sweep.busy_reruns if matrix.sweep.rerun_busy else 0}
     return rows, footer
 
 

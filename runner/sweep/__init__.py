@@ -14,6 +14,9 @@ Modules:
 - ``run``: ``run_sweep`` and its synchronous loop; an asynchronous executor's runs go to
   ``runner/slurm/loop.py``.  Imports ``records``, ``runner.executors``, ``runner.planning``,
   ``runner.slurm.loop``, ``matrun.warehouse`` (``ingest``, ``bundles.read``).
+- ``busy``: a repeat whose run started on a busy machine run again (``[sweep] rerun_busy``,
+  ``run_until_clean``), ``started_busy`` read from the bundle's ``result.json``.  Imports
+  ``runner.executors.protocol``, ``matrun.warehouse.bundles.layout``.
 
 Nothing here imports the CLI.  ``records`` imports no executor implementation and nothing of
 ``runner.slurm`` (which imports it).

@@ -38,6 +38,12 @@ class SweepProgress:
         """A run of ``cell_id`` begins."""
         self.current = cell_id
 
+    def added(self, cell_id: str) -> None:
+        """One more run of ``cell_id`` than the plan said (a busy run's repeat run again)."""
+        self.total += 1
+        if self.estimate_s is not None and self.expected:
+            self.estimate_s += self.expected.get(cell_id, 0.0)
+
     def ended(self, cell_id: str, wall_seconds: float | None) -> None:
         """A run of ``cell_id`` ended after ``wall_seconds``, or (None) counts as done without
         running here (another sweep ran it meanwhile)."""

@@ -54,7 +54,9 @@ MESSAGE_PATH_CHARS = 240
 
 @dataclass
 class SweepEvent:
-    kind: str  # "message" | "plan" | "run-start" | "run-end" | "run-skip" (done by another sweep meanwhile)
+    # "message" | "plan" | "run-start" | "run-end" | "run-skip" (done by another sweep meanwhile) |
+    # "run-again" (the run that just ended started busy: one more run of its repeat, runner/sweep/busy.py)
+    kind: str
     text: str = ""
     total: int = 0
     estimate_s: float | None = None
@@ -87,6 +89,7 @@ class SweepSummary:
     in_flight: int = 0  # runs queued or running from earlier submissions when this sweep started
     detached: bool = False
     warnings: list[str] = field(default_factory=list)
+    busy_reruns: int = 0  # runs made again because the run before started busy ([sweep] rerun_busy)
     # cells left out by --skip-unrunnable: "cell <id> (<label>): <reason>"
     unrunnable: list[str] = field(default_factory=list)
 

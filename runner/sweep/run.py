@@ -27,6 +27,7 @@ intervals and at the end (``runner/sweep/canary.py``); the slurm executor refuse
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -48,6 +49,7 @@ from matrun.runner.sweep.records import (
     INGEST_WAIT_S, IngestQueue, RunClaim, SubmitClaim, SweepEvent, SweepStopped, SweepSummary, host_info, ingest_quietly, ok_runs_on_disk,
     path_error, prepare_run, sweep_lock, with_state, write_result,
 )
+from matrun.runner.sweep.busy import busy_reasons, rerun_limit, run_until_clean
 from matrun.runner.sweep.canary import SLURM_REFUSAL, Canary, reference_cell, schedule
 from matrun.runner.sweep.machine import LoadWatch, noise_warnings
 from matrun.warehouse.bundles.layout import CANARY_REPEAT
@@ -63,7 +65,7 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
               executor: str | None = None, on_event: Callable[[SweepEvent], None] | None = None,
               detach: bool = False, slurm: Mapping[str, Any] | None = None,
               profile: str | None = None, overrides: Mapping[str, Any] | None = None,
-              skip_unrunnable: bool = False) -> SweepSummary:
+              skip_unrunnable: bool = False, rerun_busy: bool | None = None) -> SweepSummary:
     """Run (or, for slurm, submit) every selected (cell, repeat) without an ok run.
 
     ``profile``: the matrix's ``[profiles.<name>]`` to apply; ``overrides``: the ``--set``
@@ -74,6 +76,10 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
     (``[study]``, its findings and the profile's cells) is recorded in the warehouse before
     anything runs, so the ``findings`` view can judge the study's cells.
 
+    ``rerun_busy``: overrides ``[sweep] rerun_busy`` (None: the matrix's; a study file's default
+    is on): a repeat whose ok run started on a busy machine runs again, up to ``[sweep]
+    busy_reruns`` times (runner/sweep/busy.py; local and docker executors).
+
     ``slurm``: overrides of the matrix's ``[slurm]`` settings (``SlurmSettings`` field names;
     ``None`` values are ignored).  ``detach``: slurm only, return once submitted.  Raises
     ``SweepStopped`` (with the summary so far) when the sweep stops after it has begun.
@@ -81,7 +87,7 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
     try:
         return _run_sweep(matrix_path=matrix_path, where=where, force=force, executor=executor,
                           emit=on_event or (lambda event: None), detach=detach, slurm=slurm, profile=profile,
-                          sets=overrides, skip_unrunnable=skip_unrunnable)
+                          sets=overrides, skip_unrunnable=skip_unrunnable, rerun_busy=rerun_busy)
     except OSError as exc:  # a path of the sweep's the system refused, before anything ran
         raise path_error(exc) from None
 
@@ -89,8 +95,11 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
 def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor: str | None,
                emit: Callable[[SweepEvent], None], detach: bool,
                slurm: Mapping[str, Any] | None, profile: str | None = None,
-               sets: Mapping[str, Any] | None = None, skip_unrunnable: bool = False) -> SweepSummary:
+               sets: Mapping[str, Any] | None = None, skip_unrunnable: bool = False,
+               rerun_busy: bool | None = None) -> SweepSummary:
     matrix = load_matrix(matrix_path, profile, sets)  # sets: the --set values
+    if rerun_busy is not None:  # --rerun-busy / --no-rerun-busy
+        matrix = replace(matrix, sweep=replace(matrix.sweep, rerun_busy=rerun_busy))
     filters = parse_where(where)
     name = executor or matrix.sweep.executor
     overrides = {k: v for k, v in (slurm or {}).items() if v is not None and v != () and v != []}
@@ -227,6 +236,9 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
         after = "after every run" if canary.every == 1 else f"after every {canary.every} runs"
         waiting += (f"; {canary.count} canary runs of cell {canary.cell.cell_id}: at the start, {after} "
                     "and at the end")
+    limit = rerun_limit(matrix.sweep.rerun_busy, matrix.sweep.busy_reruns)
+    if limit and todo and isinstance(runner, SyncExecutor):
+        waiting += f"; a repeat that starts on a busy machine runs again, up to {limit} time(s)"
     emit(SweepEvent("plan", f"{len(todo)} runs to do, {summary.skipped_done} already done{waiting}",
                     total=len(todo) + len(extra) + (0 if detach else summary.in_flight), estimate_s=estimate,
                     expected=None if isinstance(runner, AsyncExecutor) else expected))
@@ -286,14 +298,29 @@ def _run_claimed(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: 
             summary.done_elsewhere += 1
             emit(SweepEvent("run-skip", "done by another sweep meanwhile", cell=pc, repeat=repeat))
             return
-        emit(SweepEvent("run-start", cell=pc, repeat=repeat))
         # Attempts count across sweeps: the same cell may have run under another results directory.
         earlier = done.get((pc.cell_id, repeat), {}).get("max_attempt") or 0
-        outcome, run_dir = _run_one(runner, matrix, pc, repeat, earlier, data_dir, host, summary, queue,
-                                    watch=watch)
+        limit = rerun_limit(matrix.sweep.rerun_busy, matrix.sweep.busy_reruns)  # 0: rerun_busy off
+
+        def once() -> tuple[RunOutcome, Path]:
+            emit(SweepEvent("run-start", cell=pc, repeat=repeat))
+            return _run_one(runner, matrix, pc, repeat, earlier, data_dir, host, summary, queue, watch=watch)
+
+        def again(outcome: RunOutcome, run_dir: Path, number: int) -> None:  # [sweep] rerun_busy
+            _ended(pc, repeat, outcome, run_dir, summary, emit)
+            summary.busy_reruns += 1
+            why = "; ".join(busy_reasons(run_dir)) or "other processes on its CPUs"
+            emit(SweepEvent("run-again", f"cell {pc.cell_id} repeat {repeat} started on a busy machine ({why}): "
+                                         f"running it again, busy re-run {number} of {limit} (the busy run is kept "
+                                         "and set aside once a clean run exists)", cell=pc, repeat=repeat))
+
+        ran = run_until_clean(once, limit, again=again)
     finally:
         claim.release()
-    _ended(pc, repeat, outcome, run_dir, summary, emit)
+    _ended(pc, repeat, ran.outcome, ran.run_dir, summary, emit)
+    if ran.busy and limit:
+        emit(SweepEvent("message", f"cell {pc.cell_id} repeat {repeat} started busy again after {limit} busy "
+                                   "re-run(s): its busy runs are kept, and flagged"))
 
 
 def _ended(pc: PlannedCell, repeat: int, outcome: RunOutcome, run_dir: Path, summary: SweepSummary,

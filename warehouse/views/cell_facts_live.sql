@@ -10,12 +10,20 @@
 -- params_key (macro entries_key of every parameter) and epoch_rows (the cell's rows of the
 -- per-epoch convergence view, in epoch order).  Each run's parameters and records are read
 -- with run_overview's expressions.
+-- Busy runs set aside ([sweep] rerun_busy; docs/WAREHOUSE.md "Busy runs"): an ok run that
+-- started on a busy machine (runs.busy_start) is left out of every statistic and list of
+-- values below (and so of every comparison, finding and advice built on them) when an ok run
+-- of the same (cell, repeat) started clean (busy_start false or NULL); busy_set_aside counts
+-- them.  A repeat whose ok runs all started busy keeps them (baseline's busy_runs flags them).
 WITH x AS NOT MATERIALIZED (
     SELECT * FROM runs  -- materialise.py reads only the runs of the cells it computes again
 ),
 r AS NOT MATERIALIZED (
     SELECT
         x.run_id, x.sweep, x.cell_id, x.status, x.env_id,
+        x.status = 'ok' AND coalesce(x.busy_start, false)
+            AND bool_or(x.status = 'ok' AND NOT coalesce(x.busy_start, false))
+                OVER (PARTITION BY x.cell_id, x."repeat")                 AS set_aside,
         x.params ->> 'framework'                                       AS framework,
         x.params ->> 'variant'                                         AS variant,
         x.params ->> 'model'                                           AS model,
@@ -104,6 +112,7 @@ cells AS (
         count(*) FILTER (WHERE status = 'failed')    AS failed_runs,
         count(*) FILTER (WHERE status = 'timeout')   AS timeout_runs,
         count(*) FILTER (WHERE status = 'oom')       AS oom_runs,
+        count(*) FILTER (WHERE set_aside)            AS busy_set_aside,
         max(cpu_count)                               AS cpu_count
     FROM r
     GROUP BY cell_id
@@ -140,7 +149,7 @@ ok AS (
         list(peak_device_memory_bytes / 1048576.0 ORDER BY peak_device_memory_bytes)
             FILTER (WHERE peak_device_memory_bytes IS NOT NULL)              AS device_memory_peak_mb_values
     FROM r
-    WHERE status = 'ok'
+    WHERE status = 'ok' AND NOT set_aside
     GROUP BY cell_id
 ),
 ci AS (
@@ -151,9 +160,10 @@ ci AS (
 ),
 stats AS (
     SELECT
-        c.* EXCLUDE (cpu_count),
+        c.* EXCLUDE (cpu_count, busy_set_aside),
         coalesce(ci.diverged_runs, 0) AS diverged_runs,
         coalesce(ci.mismatch_runs, 0) AS mismatch_runs,
+        c.busy_set_aside,
         coalesce(len(train_s_values), 0) AS train_s_n, train_s_median,
         train_s_ci.low AS train_s_ci_low, train_s_ci.high AS train_s_ci_high, train_s_ci.level AS train_s_ci_level,
         train_s_cv, train_s_cv > 0.05 AS train_s_noisy, train_s_values,
@@ -211,8 +221,8 @@ epoch_stats AS (
         median(e.epoch_seconds)                   AS epoch_s_median,
         median_ci(list(e.epoch_seconds) FILTER (WHERE e.epoch_seconds IS NOT NULL)) AS time_ci
     FROM epochs AS e
-    JOIN x AS r USING (run_id)
-    WHERE r.status = 'ok' AND r."repeat" <> canary_repeat()
+    JOIN r USING (run_id)
+    WHERE r.status = 'ok' AND NOT r.set_aside
     GROUP BY r.cell_id, e.epoch
 ),
 epoch_rows AS (

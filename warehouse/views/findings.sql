@@ -33,7 +33,11 @@
 -- 'not enough data' with NULL config.  config_label names the configuration in words (below,
 -- `labels`): the report's "configuration" column, the same text in every export.  effect: r (proportional and sublinear: r over the x
 -- ratio, i.e. linearity and efficiency; spread: max(r, 1/r); bounded: the largest change, in
--- percentage points for accuracy; largest_share: the kind's median share).
+-- percentage points for accuracy; largest_share: the kind's median share).  busy_set_aside: the
+-- ok runs of the row's cell and reference cell that started on a busy machine and that their
+-- statistics leave out (a clean run of the same repeat exists: cell_facts_live); observed ends
+-- with '; 2 busy runs set aside' when there are any.  largest_share reads every ok run's
+-- layer profile (each run's shares, within the run).
 WITH registered AS NOT MATERIALIZED (
     SELECT * FROM study_cells  -- materialise.py reads only the studies it computes again
 ),
@@ -61,7 +65,7 @@ sc AS (
 -- the statistics of the studies' cells (cell_stats' and the other metrics' values over each
 -- cell's ok runs, the hosts' largest CPU count), computed once
 cs AS MATERIALIZED (
-    SELECT cell_id, fingerprint, entries, env_id, runs, framework, model, dataset, device, cpu_count,
+    SELECT cell_id, fingerprint, entries, env_id, runs, busy_set_aside, framework, model, dataset, device, cpu_count,
         train_s_values, test_s_values, accuracy_values, throughput_values, epoch_s_values,
         rss_peak_mb_values, cpu_total_values, device_memory_peak_mb_values
     FROM cell_cache
@@ -390,7 +394,10 @@ SELECT
     f.study, f.title, f.finding, f.claim, f.cite, f.check_kind,
     r.config, l.config_label, c.framework, c.model, c.dataset, c.device,
     f.xk AS x,
-    r.verdict, r.observed, r.effect,
+    r.verdict,
+    r.observed || CASE WHEN b.n > 0 THEN '; ' || b.n || ' busy run' || CASE WHEN b.n = 1 THEN '' ELSE 's' END
+                                         || ' set aside' ELSE '' END AS observed,
+    r.effect,
     CASE f.check_kind
         WHEN 'proportional' THEN f.metric || ' grows in proportion to ' || f.xk || ': (' || f.metric
             || ' ratio) / (' || f.xk || ' ratio) within 1 ± ' || fmt_num(f.tolerance)
@@ -415,9 +422,11 @@ SELECT
         WHEN 'sublinear' THEN 'more ' || f.xk || ' improve ' || f.metric || ', by less than the ratio of '
             || f.xk || ' (efficiency < 1)'
     END AS expected,
-    r.p_value, r.test, r.n, r.ref_n, r.cell_id, r.ref_cell_id, f.position
+    r.p_value, r.test, r.n, r.ref_n, r.cell_id, r.ref_cell_id, f.position, b.n AS busy_set_aside
 FROM f
 JOIN all_rows AS r USING (study, finding)
 LEFT JOIN labels AS l USING (study, finding, config)
 LEFT JOIN cs AS c ON c.cell_id = coalesce(r.cell_id, r.ref_cell_id)
+LEFT JOIN cs AS rc ON rc.cell_id = r.ref_cell_id
+CROSS JOIN LATERAL (SELECT coalesce(c.busy_set_aside, 0) + coalesce(rc.busy_set_aside, 0) AS n) AS b
 ORDER BY f.study, f.position, r.config NULLS LAST, r.cell_id
