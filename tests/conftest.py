@@ -9,6 +9,12 @@ import pytest
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
+# The suite's two workers keep every run's CPUs busy, so every run starts busy: a study's
+# default re-runs of busy runs ([sweep] rerun_busy, docs/MATRIX.md "Busy runs") would triple its
+# sweeps and change their counts.  Off for the matrun processes the tests start, unless a test
+# says otherwise (tests/test_busy_reruns.py checks the default without it).
+os.environ.setdefault("MATRUN_RERUN_BUSY", "false")
+
 
 # --- how the suite is split (`make test`: docs/ARCHITECTURE.md "Tests") ----------------------
 # `make test` runs the suite in two steps (TEST_WORKERS=1: one process):

@@ -124,7 +124,8 @@ def test_the_cli_refuses_a_malformed_value_with_exit_2_and_no_traceback(tmp_path
     assert not (tmp_path / "results").exists()
 
 
-def test_off_for_a_matrix_on_for_a_study_unless_it_says(tmp_path: Path) -> None:
+def test_off_for_a_matrix_on_for_a_study_unless_it_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MATRUN_RERUN_BUSY", raising=False)  # tests/conftest.py sets it
     plain = load_matrix(write(tmp_path, "")).sweep
     assert (plain.rerun_busy, plain.busy_reruns) == (False, DEFAULT_BUSY_RERUNS) == (False, 2)
     assert load_matrix(write(tmp_path, "", study=True)).sweep.rerun_busy is True
@@ -378,3 +379,26 @@ def test_the_sweep_display_prints_the_re_run_and_counts_it(tmp_path: Path, capsy
     lines = capsys.readouterr().err.splitlines()
     assert f"cell {pc.cell_id} repeat 0 started on a busy machine (…): running it again, busy re-run 1 of 2" in lines
     assert [line.split(":")[0] for line in lines if line.startswith("run ")] == ["run 1 of 2", "run 2 of 3"]
+
+
+@pytest.mark.parametrize("value, plain, study", [
+    ("", False, True), ("  ", False, True), ("false", False, False), ("0", False, False), ("No", False, False),
+    ("true", True, True), (" 1 ", True, True), ("YES", True, True)])
+def test_matrun_rerun_busy_sets_the_default_of_a_file_that_does_not_say(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str, plain: bool, study: bool) -> None:
+    monkeypatch.setenv("MATRUN_RERUN_BUSY", value)
+    assert load_matrix(write(tmp_path, "")).sweep.rerun_busy is plain
+    assert load_matrix(write(tmp_path, "", study=True)).sweep.rerun_busy is study
+    # the file's own setting wins
+    assert load_matrix(write(tmp_path, "rerun_busy = true")).sweep.rerun_busy is True
+    assert load_matrix(write(tmp_path, "rerun_busy = false", study=True)).sweep.rerun_busy is False
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "truee", "\x1b[31mred", "t" * 500])
+def test_a_malformed_matrun_rerun_busy_is_refused_naming_the_variable(tmp_path: Path, value: str) -> None:
+    path = write(tmp_path, "", study=True)
+    proc = subprocess.run([MATRUN, "plan", str(path)], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, **NO_ENGINE, "MATRUN_RERUN_BUSY": value}, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("Error: MATRUN_RERUN_BUSY: expected true or false, got ")
+    assert "Traceback" not in proc.stderr and "\x1b" not in proc.stderr and len(proc.stderr) < 200

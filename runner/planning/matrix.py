@@ -71,6 +71,23 @@ MAX_CANARY_WHERE_CHARS = 1000
 #: default (runner/sweep/busy.py; docs/MATRIX.md "Busy runs").
 MAX_BUSY_RERUNS = 100
 DEFAULT_BUSY_RERUNS = 2
+#: The default of ``[sweep] rerun_busy`` for a file that does not set it, when set (true or
+#: false); unset, a study file's default is true and a plain matrix's false.  For a host where
+#: every run starts busy by design (a test suite on two workers): re-runs would only triple it.
+RERUN_BUSY_VARIABLE = "MATRUN_RERUN_BUSY"
+_BOOLEAN_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def rerun_busy_default(study: bool) -> bool:
+    """The ``rerun_busy`` of a file that does not set it: ``$MATRUN_RERUN_BUSY`` when set,
+    else whether the file is a study; ``InputError`` naming the variable for another value."""
+    text = os.environ.get(RERUN_BUSY_VARIABLE)
+    if text is None or not text.strip():
+        return study
+    value = _BOOLEAN_WORDS.get(text.strip().lower())
+    if value is None:
+        raise InputError(f"{RERUN_BUSY_VARIABLE}: expected true or false, got '{printable(text, 40)}'")
+    return value
 
 
 @dataclass(frozen=True)
@@ -231,8 +248,9 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = No
         # what fails from here on may be the overrides' doing: the messages say they applied
         errors.file = printable(f"{errors.file} with {spelled(overrides)}", 300)
     sweep = _parse_sweep(doc.get("sweep", {}), errors, base=path.parent)
-    if study is not None and not (isinstance(doc.get("sweep"), dict) and "rerun_busy" in doc["sweep"]):
-        sweep = replace(sweep, rerun_busy=True)  # a study's verdicts want clean runs: on unless it says
+    if not (isinstance(doc.get("sweep"), dict) and "rerun_busy" in doc["sweep"]):
+        # a study's verdicts want clean runs: on unless it (or $MATRUN_RERUN_BUSY) says
+        sweep = replace(sweep, rerun_busy=rerun_busy_default(study is not None))
     fixed = _parse_fixed(doc.get("fixed", {}), errors)
     axes = _parse_axes(doc.get("axes", {}), errors)
     zips = _parse_zips(doc.get("zip", []), errors)
