@@ -164,6 +164,40 @@ def test_the_cached_views_follow_a_changed_cell(warehouse: Path, tmp_path: Path)
     assert {"thread_sweep", "pareto_front", "baseline", "epoch_convergence", "epoch_curve"} <= changed
 
 
+def test_new_cells_joining_cached_groups_and_starting_new_ones_leave_every_view_as_computed(
+        warehouse: Path, tmp_path: Path) -> None:
+    """An ingest deletes a view's cached rows only for the keys a cell cached before it had
+    (materialise.before_sql): a new cell that joins existing groups (a thread count, a batch size
+    of cached configurations) has its groups' rows replaced, not doubled; one whose groups are all
+    new (another model) adds its rows; and the deletes of the keys no cached cell had are not
+    issued at all."""
+    make_bundle(tmp_path / "join", sweep=SWEEP, cell_id="t8-b64", repeat=0,
+                params={**BASE, "threads": 8, "batch_size": 64}, throughput=700.0)
+    make_bundle(tmp_path / "join", sweep=SWEEP, cell_id="t2-b96", repeat=0,
+                params={**BASE, "threads": 2, "batch_size": 96}, throughput=650.0)
+    make_bundle(tmp_path / "new", sweep=SWEEP, cell_id="alex-t1", repeat=0,
+                params={**BASE, "model": "alexnet", "threads": 1}, throughput=90.0)
+    deletes: list[str] = []
+    real = materialise.refresh_view
+
+    def spy(con, cache, keys, *, empty=False, held=None):
+        if keys and held is not None:
+            deletes.extend(f"{cache.view}:{key}" for key in held)
+        real(con, cache, keys, empty=empty, held=held)
+
+    try:
+        materialise.refresh_view = spy
+        assert ingest([tmp_path / "join", tmp_path / "new"], warehouse=warehouse).counts["ingested"] == 3
+    finally:
+        materialise.refresh_view = real
+    with open_warehouse(warehouse, read_only=True) as wh:
+        cached, live = live_and_cached(wh.con)
+        alex = wh.con.execute("SELECT count(*) FROM baseline WHERE cell_id = 'alex-t1'").fetchone()[0]
+    assert cached == live and alex == 1
+    assert any(d.startswith("thread_sweep:") for d in deletes)  # t8 joined the cached thread sweep
+    assert not any(d.startswith(("baseline:", "epoch_curve:", "epoch_convergence:")) for d in deletes)  # new cells
+
+
 def test_registering_a_study_fills_its_findings(warehouse: Path) -> None:
     errors: list[Any] = []
     decl = parse_study({"study": {"id": "later", "title": "later"}, "findings": FINDINGS[:2]},

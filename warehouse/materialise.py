@@ -47,8 +47,12 @@ class Cached:
     #: (text of views/<view>.sql, what replaces it given the keys): the keys' rows computed
     #: from only what they read, where DuckDB would not push the keys down itself
     narrow: tuple[str, str] | None = None
-    #: whether every row comes from cells (so the cache is empty while cell_cache is)
+    #: whether every row comes from cells (so the cache is empty while cell_cache is), and
+    #: belongs to a key of those cells
     from_cells: bool = True
+    #: the expressions over a cell's group keys that give the keys its rows belong to, where
+    #: ``changed`` is not ``SELECT DISTINCT <expression> FROM _matrun_changed``
+    cell_keys: tuple[str, ...] = ()
 
     @property
     def table(self) -> str:
@@ -88,7 +92,8 @@ CACHED: tuple[Cached, ...] = (
     Cached("option_effect", "config",
            "SELECT DISTINCT unnest([config_conv_algo, config_layout, config_precision, config_onednn]) "
            "FROM _matrun_changed",
-           "option, framework, model, dataset, device, config, value"),
+           "option, framework, model, dataset, device, config, value",
+           cell_keys=("config_conv_algo", "config_layout", "config_precision", "config_onednn")),
     Cached("default_cells", _FMDD, _by(_FMDD), "framework, model, dataset, device, mode"),
     Cached("best_vs_default", _FMDD, _by(_FMDD), "framework, model, dataset, device"),
     Cached("pareto_front", _MDD, _by(_MDD),
@@ -145,7 +150,35 @@ _STALE_CELLS = """
     WHERE c.cell_id IS NULL
 """
 
-_TEMP_TABLES = ("_matrun_fingerprints", "_matrun_stale", "_matrun_changed")
+_TEMP_TABLES = ("_matrun_fingerprints", "_matrun_stale", "_matrun_changed", "_matrun_before")
+
+
+def _cell_keys(cache: Cached) -> tuple[str, ...]:
+    """The expressions over a cell's group keys whose values are the keys of ``cache``'s rows
+    that cell belongs to (what its ``changed`` query selects from ``_matrun_changed``)."""
+    if cache.cell_keys:
+        return cache.cell_keys
+    prefix, suffix = "SELECT DISTINCT ", " FROM _matrun_changed"
+    if not (cache.changed.startswith(prefix) and cache.changed.endswith(suffix)):
+        raise RuntimeError(f"the cached view {cache.view} must name its cell_keys")
+    return (cache.changed[len(prefix):-len(suffix)],)
+
+
+@functools.lru_cache(maxsize=1)
+def before_sql() -> str:
+    """``_matrun_before``: the group keys of the cells the cache held before this refresh that
+    share a key of some cached view with a changed cell (the changed cells' old rows included).
+    A row of a view made from cells (``Cached.from_cells``) belongs to a key only while a cell
+    of that key is cached, so a key none of these cells has holds no row to delete: most keys
+    of new cells are new, and a DuckLake DELETE costs ~30 ms even when it matches nothing."""
+    shares = dict.fromkeys(f"{expr} IN ({cache.changed})" for cache in CACHED if cache.from_cells
+                           for expr in _cell_keys(cache) if expr != "cell_id")
+    return (f"CREATE OR REPLACE TEMP TABLE _matrun_before AS\n"
+            f"SELECT {_GROUP_KEYS} FROM _matrun_changed WHERE was_cached\n"
+            f"UNION ALL\n"
+            f"SELECT {_GROUP_KEYS} FROM cell_cache\n"
+            f"WHERE cell_id NOT IN (SELECT cell_id FROM _matrun_changed)\n"
+            f"  AND ({chr(10).join(('' if i == 0 else '    OR ') + share for i, share in enumerate(shares))})")
 
 
 def current(con: duckdb.DuckDBPyConnection) -> bool:
@@ -186,9 +219,11 @@ def refresh(con: duckdb.DuckDBPyConnection, *, everything: bool = False) -> None
     try:
         changed = _refresh_cells(con)
         _write_state(con, digest)
+        everything = everything or changed > MANY_CELLS
+        if not everything and not empty:
+            con.execute(before_sql())
         for cache in CACHED:  # in dependency order: a view may read one before it
-            _refresh_view(con, cache, everything=everything or changed > MANY_CELLS,
-                          empty=empty and cache.from_cells)
+            _refresh_view(con, cache, everything=everything, empty=empty and cache.from_cells)
     finally:
         for table in _TEMP_TABLES:
             _drop_temp(con, table)
@@ -201,7 +236,8 @@ def _refresh_cells(con: duckdb.DuckDBPyConnection) -> int:
     con.execute(_STALE_CELLS)
     gone = ("cell_id IN (SELECT cell_id FROM _matrun_stale) "
             "OR cell_id NOT IN (SELECT cell_id FROM _matrun_fingerprints)")
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _matrun_changed AS SELECT {_GROUP_KEYS} FROM cell_cache WHERE {gone}")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _matrun_changed AS SELECT {_GROUP_KEYS}, true AS was_cached "
+                f"FROM cell_cache WHERE {gone}")
     con.execute(f"DELETE FROM cell_cache WHERE {gone}")
     if con.execute("SELECT count(*) FROM _matrun_stale").fetchone()[0]:
         con.execute(f"""
@@ -209,7 +245,7 @@ def _refresh_cells(con: duckdb.DuckDBPyConnection) -> int:
             SELECT f.*, s.fingerprint
             FROM ({stale_cells_sql()}) AS f
             JOIN _matrun_stale AS s USING (cell_id)""")
-        con.execute(f"INSERT INTO _matrun_changed SELECT {_GROUP_KEYS} FROM cell_cache "
+        con.execute(f"INSERT INTO _matrun_changed SELECT {_GROUP_KEYS}, false FROM cell_cache "
                     "WHERE cell_id IN (SELECT cell_id FROM _matrun_stale)")
     return con.execute("SELECT count(DISTINCT cell_id) FROM _matrun_changed").fetchone()[0]
 
@@ -258,9 +294,10 @@ def fill_sql(cache: Cached) -> str:
 
 
 def refresh_view(con: duckdb.DuckDBPyConnection, cache: Cached, keys: list[str] | None, *,
-                 empty: bool = False) -> None:
+                 empty: bool = False, held: list[str] | None = None) -> None:
     """Compute again the rows of ``keys`` (None: every row) of one cached view (``empty``:
-    its table is known to hold no row)."""
+    its table is known to hold no row; ``held``: of ``keys``, those that may hold rows, when
+    known)."""
     if keys is None:
         if not empty:
             con.execute(f"DELETE FROM {cache.table}")
@@ -270,9 +307,9 @@ def refresh_view(con: duckdb.DuckDBPyConnection, cache: Cached, keys: list[str] 
         return
     # Literal keys, not a parameter: DuckDB pushes a literal IN list down into the view's
     # groups, so only their cells are read; the keys are the warehouse's own values, quoted.
-    listed = ", ".join("'" + key.replace("'", "''") + "'" for key in keys)
-    if not empty:
-        con.execute(f"DELETE FROM {cache.table} WHERE {cache.key} IN ({listed})")
+    listed = _listed(keys)
+    if not empty and (held is None or held):
+        con.execute(f"DELETE FROM {cache.table} WHERE {cache.key} IN ({_listed(keys if held is None else held)})")
     if cache.narrow is None:
         con.execute(f"{fill_sql(cache)} WHERE {cache.key} IN ({listed})")
         return
@@ -284,12 +321,23 @@ def refresh_view(con: duckdb.DuckDBPyConnection, cache: Cached, keys: list[str] 
     con.execute(f"INSERT INTO {cache.table} SELECT * FROM (\n{sql}\n) AS v WHERE {cache.key} IN ({listed})")
 
 
+def _listed(keys: list[str]) -> str:
+    return ", ".join("'" + key.replace("'", "''") + "'" for key in keys)
+
+
 def _refresh_view(con: duckdb.DuckDBPyConnection, cache: Cached, *, everything: bool, empty: bool) -> None:
     if everything:
         refresh_view(con, cache, None, empty=empty)
         return
     keys = [key for (key,) in con.execute(cache.changed).fetchall() if key is not None]
-    refresh_view(con, cache, None if len(keys) > MANY_KEYS else keys, empty=empty)
+    if len(keys) > MANY_KEYS:
+        refresh_view(con, cache, None, empty=empty)
+        return
+    held = None
+    if cache.from_cells and not empty and keys:  # the keys a cell cached before this refresh had
+        before = {key for (key,) in con.execute(cache.changed.replace("_matrun_changed", "_matrun_before")).fetchall()}
+        held = [key for key in keys if key in before]
+    refresh_view(con, cache, keys, empty=empty, held=held)
 
 
 def refresh_studies(con: duckdb.DuckDBPyConnection, studies: list[str]) -> None:
