@@ -70,34 +70,57 @@ CREATE OR REPLACE MACRO mw_p_normal(v, m, n, u) AS
 CREATE OR REPLACE MACRO mw_can_decide(m, n) AS
     m >= 1 AND n >= 1 AND 2.0 / round(exp(lgamma(m + n + 1) - lgamma(m + 1) - lgamma(n + 1))) < 0.05;
 
--- How often each value u = 0 .. mn/2 of Mann-Whitney U (its lower half, all an interval
--- needs) occurs under the null hypothesis (no ties) among the C(m+n, m) ways of choosing
--- which m of m + n ranks are x's: the coefficients of the Gaussian binomial
--- [m+n choose m](q) = prod_{i=1..m} (1 - q^(n+i)) / (1 - q^i), built one factor at a time (the
--- product stays a polynomial; its coefficient j depends on those below j only, so cutting at
--- mn/2 loses nothing); dividing by 1 - q^i sums every i-th coefficient below.  Used up to
--- m + n = 16.
-CREATE OR REPLACE MACRO mw_u_counts(m, n) AS
-    list_reduce(list_transform(range(1, m + 1), lambda i: [i]),
-        lambda acc, e: list_transform([list_transform(range(0, m * n // 2 + 1),
-                lambda j: acc[j + 1] - CASE WHEN j >= n + e[1] THEN acc[j + 1 - n - e[1]] ELSE 0 END)],
-            lambda p: list_transform(range(0, m * n // 2 + 1),
-                lambda j: list_sum(list_slice(p, j % e[1] + 1, j + 1, e[1]))))[1],
-        list_transform(range(0, m * n // 2 + 1), lambda j: CASE WHEN j = 0 THEN 1 ELSE 0 END));
-
 -- The rank k of the Hodges-Lehmann interval of m against n values and its coverage:
 -- {k, level}.  Up to m + n = 16 exact: the largest k with P(U <= k-1) <= 0.025 under the
--- null (mw_u_counts), level = 1 - 2 P(U <= k-1); beyond, the normal approximation with a
--- continuity correction: k = floor(mn/2 + 1/2 - 1.96 sigma), sigma^2 = mn(m+n+1)/12.  When no
--- k reaches 95 % (the test cannot decide, mw_can_decide) k = 1 and level is the lower true
--- coverage: 2 against 2: 2/3; 1 against 1: 0.
+-- null hypothesis (no ties), level = 1 - 2 P(U <= k-1), from the table below: row m, column
+-- n (1 .. 16; NULL where m + n > 16) of k and of the count of the C(m+n, m) rank splits with
+-- U <= k-1 (tests/test_effect_sizes.py enumerates every split with itertools and checks every
+-- entry; a table because computing the distribution per comparison cost more than the rest
+-- of the interval).  Beyond 16 values the normal approximation with a continuity correction:
+-- k = floor(mn/2 + 1/2 - 1.96 sigma), sigma^2 = mn(m+n+1)/12.  When no k reaches 95 % (the
+-- test cannot decide, mw_can_decide) k = 1 and level is the lower true coverage: 2 against
+-- 2: 2/3; 1 against 1: 0.
+CREATE OR REPLACE MACRO ratio_ci_rank_exact(m, n) AS
+    struct_pack(
+        k := [
+            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, NULL,
+            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, NULL, NULL,
+            1, 1, 1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, NULL, NULL, NULL,
+            1, 1, 1, 1, 2, 3, 4, 5, 5, 6, 7, 8, NULL, NULL, NULL, NULL,
+            1, 1, 1, 2, 3, 4, 6, 7, 8, 9, 10, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 2, 3, 4, 6, 7, 9, 11, 12, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 2, 4, 6, 7, 9, 11, 13, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 3, 5, 7, 9, 11, 14, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 3, 5, 8, 11, 13, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 4, 6, 9, 12, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 4, 7, 10, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 2, 5, 8, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 2, 5, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL][(m - 1) * 16 + n],
+        tail := [
+            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, NULL,
+            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, NULL, NULL,
+            1, 1, 1, 1, 1, 2, 2, 4, 4, 7, 7, 11, 11, NULL, NULL, NULL,
+            1, 1, 1, 1, 2, 4, 7, 12, 12, 18, 27, 38, NULL, NULL, NULL, NULL,
+            1, 1, 1, 2, 4, 7, 19, 29, 42, 60, 83, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 2, 4, 7, 19, 30, 64, 124, 168, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 2, 7, 19, 30, 65, 129, 239, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 4, 12, 29, 64, 129, 321, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 4, 12, 42, 124, 239, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 7, 18, 60, 168, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 7, 27, 83, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 2, 11, 38, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 2, 11, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL][(m - 1) * 16 + n]);
+
 CREATE OR REPLACE MACRO ratio_ci_rank(m, n) AS
     CASE WHEN m + n <= 16 THEN
-        list_transform([struct_pack(c := mw_u_counts(m, n),
-                                    total := round(exp(lgamma(m + n + 1) - lgamma(m + 1) - lgamma(n + 1))))], lambda u:
-            list_transform([greatest(1, len(list_filter(range(1, (m * n + 1) // 2 + 1),
-                                                         lambda k: list_sum(u.c[1:k]) <= 0.025 * u.total)))],
-                lambda k: struct_pack(k := k, level := 1 - 2 * list_sum(u.c[1:k]) / u.total))[1])[1]
+        list_transform([ratio_ci_rank_exact(m, n)], lambda e: struct_pack(k := e.k,
+            level := 1 - 2 * e.tail / round(exp(lgamma(m + n + 1) - lgamma(m + 1) - lgamma(n + 1)))))[1]
     ELSE
         list_transform([sqrt(m * n * (m + n + 1) / 12.0)], lambda sigma:
             list_transform([greatest(1, floor(m * n / 2.0 + 0.5 - 1.959964 * sigma)::BIGINT)],
@@ -123,13 +146,14 @@ CREATE OR REPLACE MACRO ratio_ci(x, ref) AS
             WHEN NOT t.loggable THEN struct_pack(ratio := t.ratio, ratio_hl := NULL::DOUBLE,
                 ratio_low := NULL::DOUBLE, ratio_high := NULL::DOUBLE, ratio_level := NULL::DOUBLE,
                 ratio_note := 'a value <= 0 or infinite: no interval of the ratio')
-            ELSE list_transform([list_sort(flatten(list_transform(x,
-                    lambda a: list_transform(ref, lambda b: ln(a) - ln(b)))))], lambda d: struct_pack(
+            ELSE list_transform([list_transform(ref, lambda b: ln(b))], lambda lr: list_transform(
+                [list_sort(flatten(list_transform(x, lambda a: list_transform([ln(a)], lambda la:
+                    list_transform(lr, lambda lb: la - lb))[1])))], lambda d: struct_pack(
                 ratio := t.ratio, ratio_hl := exp(list_median(d)),
                 ratio_low := CASE WHEN t.r.level > 0 THEN exp(d[t.r.k]) END,
                 ratio_high := CASE WHEN t.r.level > 0 THEN exp(d[len(d) + 1 - t.r.k]) END,
                 ratio_level := CASE WHEN t.r.level > 0 THEN t.r.level END,
-                ratio_note := CASE WHEN t.r.level <= 0 THEN 'one value on each side: no interval' END))[1]
+                ratio_note := CASE WHEN t.r.level <= 0 THEN 'one value on each side: no interval' END))[1])[1]
         END)[1]
     END;
 
