@@ -13,7 +13,8 @@ from pathlib import Path
 
 from matrun.errors import InputError
 from matrun.reports.pages import Html, esc, join, table, tag
-from matrun.warehouse.compare import Comparison, Selection, fmt_noisy, fmt_num, fmt_p, fmt_points, fmt_ratio
+from matrun.warehouse.compare import (Comparison, Selection, fmt_noisy, fmt_num, fmt_p, fmt_points, fmt_ratio,
+                                      fmt_ratio_ci)
 
 
 def write_html(result: Comparison, path: Path | str) -> Path:
@@ -55,7 +56,8 @@ def html_page(result: Comparison) -> str:
              " ".join(c["a_envs"] or []), " ".join(c["b_envs"] or []),
              c["a_runs"], c["b_runs"], fmt_num(c["a_train_s"], 2), fmt_num(c["b_train_s"], 2),
              fmt_ratio(c["time_ratio"]), fmt_num(c["a_throughput"]), fmt_num(c["b_throughput"]),
-             fmt_ratio(c["throughput_ratio"]), fmt_points(c["accuracy_change"]), fmt_p(c["p_value"]),
+             fmt_ratio_ci(c["throughput_ratio"], c["throughput_ratio_low"], c["throughput_ratio_high"],
+                          c["throughput_ratio_level"]), fmt_points(c["accuracy_change"]), fmt_p(c["p_value"]),
              c["test"] or "-", c["verdict"] or "not compared", fmt_noisy(c))
             for c in result.matched]
     body = [
@@ -65,9 +67,11 @@ def html_page(result: Comparison) -> str:
         tag("p", "Matched on every identity parameter"
             + (f" except {', '.join(result.ignored)}" if result.ignored else "")
             + "; the environment (env_id) is not part of the match. Ratios are B / A: time below "
-              "1× and throughput above 1× mean B is faster. The test is a two-sided Mann–Whitney "
-              "U of the runs' throughput; with too few repeats it cannot reach p < 0.05 and the "
-              "cell is 'not significant' whatever the medians say.", class_="note"),
+              "1× and throughput above 1× mean B is faster; img/s B/A is the ratio of medians with "
+              "its Hodges–Lehmann interval (95 %, or the level it reaches with few runs). The test "
+              "is a two-sided Mann–Whitney U of the runs' throughput; with too few repeats it "
+              "cannot reach p < 0.05 and the cell is 'not significant' whatever the medians say.",
+            class_="note"),
         tag("h2", "Matched cells"),
         table(headers, rows, row_classes=[(c["verdict"] or "not-compared").replace(" ", "-")
                                           for c in result.matched]) if rows

@@ -44,11 +44,13 @@ def ci_cell(row: Mapping[str, Any], stat: str, levels: Mapping[str, Mapping[str,
     return cell
 
 
-def verdict_badge(verdict: Any, significant: Any, p_value: Any = None, test: Any = None) -> Html:
-    """A comparison's verdict: coloured only when significant, else "not significant"."""
+def verdict_badge(verdict: Any, significant: Any, p_value: Any = None, test: Any = None,
+                  effect: str | None = None) -> Html:
+    """A comparison's verdict: coloured only when significant, else "not significant"; under
+    it the effect (``ratio_interval``), the p-value and the test."""
     if verdict is None:
         return esc(None)
-    detail = []
+    detail = [effect] if effect else []
     if not is_missing(p_value):
         detail.append(f"p = {p_value:.3g}")
     if test == "interval overlap":
@@ -67,6 +69,18 @@ def verdict_badge(verdict: Any, significant: Any, p_value: Any = None, test: Any
     if significant is True and verdict in ("slower", "less accurate"):
         return Html(flag(verdict, "bad", "significant at p < 0.05") + sub)
     return Html(flag("not significant", "muted", "no significant difference at p < 0.05") + sub)
+
+
+def ratio_interval(row: Mapping[str, Any], column: str) -> str | None:
+    """A view's ratio column with its Hodges–Lehmann interval (the ``_low`` / ``_high`` /
+    ``_level`` columns beside it): ``img/s ×1.39 (1.31–1.47)``, the level when below 95 %
+    (``… (0.90–2.10 at 67 %)``); None without an interval (the reference row, one run each)."""
+    value, low, high, level = (row.get(column), row.get(f"{column}_low"), row.get(f"{column}_high"),
+                               row.get(f"{column}_level"))
+    if is_missing(value) or is_missing(low) or is_missing(high):
+        return None
+    at = f" at {level * 100:.0f} %" if not is_missing(level) and level < 0.95 else ""
+    return f"img/s ×{value:.2f} ({low:.2f}–{high:.2f}{at})"
 
 
 def ratio(value: Any, digits: int = 2) -> Html:
@@ -117,10 +131,12 @@ def _reference_row(r: Mapping[str, Any]) -> str | None:
     return "reference" if r.get("cell_id") is not None and r.get("cell_id") == r.get("ref_cell_id") else None
 
 
-def _verdict(prefix: str = "") -> Callable[[Mapping[str, Any]], Html]:
-    """The verdict column of a view (``accuracy_`` for the accuracy test's)."""
+def _verdict(prefix: str = "", effect: str | None = None) -> Callable[[Mapping[str, Any]], Html]:
+    """The verdict column of a view (``accuracy_`` for the accuracy test's), with the
+    throughput ratio ``effect`` names and its interval (``ratio_interval``)."""
     return lambda r: verdict_badge(r.get(f"{prefix}verdict"), r.get(f"{prefix}significant"),
-                                   r.get(f"{prefix}p_value"), r.get(f"{prefix}test"))
+                                   r.get(f"{prefix}p_value"), r.get(f"{prefix}test"),
+                                   ratio_interval(r, effect) if effect else None)
 
 
 def more_note(shown: int, total: int, what: str) -> Html | str:
@@ -172,7 +188,7 @@ def best_table(frame: pl.DataFrame, *,
         Column("train s default → best", lambda r: num(
             f"{fmt(r['default_train_s'], 2)} → {fmt(r['best_train_s'], 2)}")),
         Column("accuracy change", lambda r: change_pp(r["accuracy_change"])),
-        Column("verdict", _verdict()),
+        Column("verdict", _verdict(effect="speedup")),
         # best_vs_default has no accuracy_significant: its verdict words a direction only
         # when the test found it significant.
         Column("accuracy", lambda r: verdict_badge(
@@ -209,7 +225,7 @@ def library_table(frame: pl.DataFrame, labels: Mapping[Any, str],
         Column("memory MiB avg / max", lambda r: num(f"{fmt(r['rss_avg_mb'])} / {fmt(r['rss_peak_mb'])}")),
         Column("speedup", lambda r: ratio(r["speedup"])),
         Column("accuracy change", lambda r: change_pp(r["accuracy_change"])),
-        Column("verdict", _verdict()),
+        Column("verdict", _verdict(effect="throughput_ratio")),
     ]
     return table_block("Libraries per configuration (A4–A5, Tables IX–XI)", "libraries-table",
                        frame, columns, csv_href, row_class=_reference_row,
@@ -238,7 +254,7 @@ def thread_table(frame: pl.DataFrame, labels: Mapping[Any, str],
                                       f"{fmt(r['cpu_system_median'], 0)} · io {fmt(r['iowait_median'], 1)}")),
         Column("memory MiB max", lambda r: num(fmt(r["rss_peak_mb"]))),
         Column("speedup", lambda r: ratio(r["speedup"])),
-        Column("verdict", _verdict()),
+        Column("verdict", _verdict(effect="throughput_ratio")),
     ]
     return table_block("Thread settings (A6, Table XII)", "threads-table", frame, columns,
                        csv_href, row_class=_reference_row,
@@ -291,7 +307,7 @@ def batch_table(frame: pl.DataFrame, labels: Mapping[Any, str],
         Column("images/s", lambda r: ci_cell(r, "throughput", levels, digits=1, noisy=True)),
         Column("accuracy", lambda r: ci_cell(r, "accuracy", levels, percent=True)),
         Column("speedup", lambda r: ratio(r["throughput_ratio"])),
-        Column("verdict", _verdict()),
+        Column("verdict", _verdict(effect="throughput_ratio")),
         Column("accuracy verdict", lambda r: verdict_badge(
             r["accuracy_verdict"], r["accuracy_significant"], r["accuracy_p_value"])),
     ]
@@ -378,7 +394,7 @@ def scaling_table(frame: pl.DataFrame, labels: Mapping[Any, str],
         Column("scaling", lambda r: r["scaling"]),
         Column("speedup", lambda r: ratio(r["speedup"])),
         Column("efficiency", lambda r: num(fmt_pct(r["efficiency"], 0))),
-        Column("verdict", _verdict()),
+        Column("verdict", _verdict(effect="speedup")),
     ]
     return table_block("Scaling (A3, Table VIII; B4–B6; E Fig 10)", "scaling-table", frame, columns,
                        csv_href, row_class=_reference_row,
@@ -559,7 +575,7 @@ def option_table(frame: pl.DataFrame, labels: Mapping[Any, str], *,
         Column("throughput ratio", lambda r: ratio(r["throughput_ratio"])),
         Column("train s", lambda r: num(f"{fmt(r['ref_train_s_median'], 2)} → {fmt(r['train_s_median'], 2)}")),
         Column("accuracy change", lambda r: change_pp(r["accuracy_change"])),
-        Column("verdict", _verdict()),
+        Column("verdict", _verdict(effect="throughput_ratio")),
         Column("accuracy verdict", lambda r: verdict_badge(
             r["accuracy_verdict"], r["accuracy_significant"], r["accuracy_p_value"])),
     ]

@@ -133,6 +133,11 @@ def test_a_clear_gain_with_five_repeats_is_significant(upgrade: Path) -> None:
     # every B run beats every A run: exact two-sided p = 2 / C(10, 5)
     assert t1["p_value"] == pytest.approx(2 / 252)
     assert (t1["test"], t1["significant"], t1["verdict"]) == ("mann-whitney exact", True, "faster")
+    # the ratio's Hodges-Lehmann interval, 5 against 5: P(U <= 2) = 4/252 <= 0.025 < P(U <= 3) =
+    # 7/252, so the 3rd smallest and 3rd largest of the 25 ratios b / a: 200/106 (above 200/108
+    # and 202/108) and 204/100 (below 208/100 and 206/100)
+    assert (t1["throughput_ratio_low"], t1["throughput_ratio_high"], t1["throughput_ratio_level"]) == (
+        pytest.approx(200 / 106), pytest.approx(204 / 100), pytest.approx(1 - 8 / 252))
     # throughput CV 0.030 (A) is quiet, but train s varies: sd sqrt(2.5) / 22 = 0.072 > 0.05
     assert t1["a_throughput_cv"] == pytest.approx(math.sqrt(10) / 104)
     assert t1["a_train_s_cv"] == pytest.approx(math.sqrt(2.5) / 22)
@@ -359,8 +364,8 @@ def test_advise_a_significant_gain(study: Path) -> None:
     assert row["speedup"] == pytest.approx(204 / 104) and row["p_value"] == pytest.approx(2 / 252)
     assert (row["default_throughput_ci_low"], row["default_throughput_ci_high"]) == (100, 108)
     assert row["advice"] == (
-        "PyTorch, lenet5 on fashion-mnist (cpu): threads=2 makes PyTorch 1.96× faster than its default "
-        "settings: 204 img/s median over 5 runs (range 200–208, only 94% coverage) against 104 img/s over "
+        "PyTorch, lenet5 on fashion-mnist (cpu): threads=2 makes PyTorch 1.96× (1.89–2.04) faster than its "
+        "default settings: 204 img/s median over 5 runs (range 200–208, only 94% coverage) against 104 img/s over "
         "5 runs (range 100–108, only 94% coverage); mann-whitney exact p = 0.00794. "
         "Accuracy +0.00 points (not significant).")
 
@@ -368,9 +373,13 @@ def test_advise_a_significant_gain(study: Path) -> None:
 def test_advise_a_gain_that_is_not_significant(study: Path) -> None:
     row = _advice(study)[("torch", "mnist")]
     assert row["speedup"] == pytest.approx(142 / 101) and row["test"] == "interval overlap"
+    # 2 against 2: the whole range of the pairwise ratios, 140/102 to 144/100, at 1 - 2/6
+    assert (row["speedup_low"], row["speedup_high"], row["speedup_level"]) == (
+        pytest.approx(140 / 102), pytest.approx(144 / 100), pytest.approx(2 / 3))
     assert row["min_repeats"] == 4
     assert row["advice"].startswith(
-        "PyTorch, lenet5 on mnist (cpu): threads=2 looks 1.41× faster than PyTorch's default settings, "
+        "PyTorch, lenet5 on mnist (cpu): threads=2 looks 1.41× (1.37–1.44 at 67 %) faster than PyTorch's "
+        "default settings, "
         "but with 2 repeats per side that is not significant (p = 0.333; so few runs cannot give "
         "p < 0.05 whatever they measure): run at least 4 repeats per side.")
 
@@ -420,7 +429,7 @@ def test_advise_sweep_filter_and_formats(study: Path) -> None:
         ("tensorflow", 'threads = "unset"', 'layout="nhwc"; threads=2')
     res = runner.invoke(app, ["advise", "--warehouse", str(study)])
     assert res.exit_code == 0, res.output
-    assert "threads=2 makes PyTorch 1.96× faster" in res.stdout and "no default" in res.stdout
+    assert "threads=2 makes PyTorch 1.96× (1.89–2.04) faster" in res.stdout and "no default" in res.stdout
 
 
 def test_advise_bad_input(study: Path, tmp_path: Path) -> None:

@@ -43,8 +43,8 @@ from matrun.warehouse.ingest import ingest
 from matrun.warehouse.query import run_query
 
 COLUMNS = ("study, title, finding, claim, cite, check_kind, config, config_label, framework, model, dataset, "
-           "device, x, verdict, observed, effect, expected, p_value, test, n, ref_n, cell_id, "
-           "ref_cell_id, position, busy_set_aside")
+           "device, x, verdict, observed, effect, ratio, ratio_low, ratio_high, ratio_level, expected, p_value, "
+           "test, n, ref_n, cell_id, ref_cell_id, position, busy_set_aside")
 VERDICTS = {"reproduced", "contradicted", "not significant", "not enough data"}
 BY_DATASET = {"mnist": "reproduced", "fashion-mnist": "contradicted", "cifar10": "not significant",
               "synthetic": "not enough data"}
@@ -288,8 +288,11 @@ def test_each_check_gives_each_verdict_in_its_configuration(warehouse: Path, stu
         if r["verdict"] in ("reproduced", "contradicted") and r["check_kind"] != "largest_share":
             assert r["p_value"] < 0.05 or (r["check_kind"] == "bounded" and r["verdict"] == "reproduced")
             assert r["test"] == "mann-whitney exact" or r["check_kind"] == "bounded"
+        if r["p_value"] is not None and r["p_value"] < 0.05:  # significant: the interval excludes 1
+            assert not r["ratio_low"] <= 1 <= r["ratio_high"], r
         if r["verdict"] == "not enough data" and r["check_kind"] != "largest_share":
             assert (r["effect"], r["p_value"], r["test"], r["ref_n"]) == (None, None, None, None)
+            assert (r["ratio"], r["ratio_low"], r["ratio_high"], r["ratio_level"]) == (None,) * 4
             assert r["n"] > 0
         if r["verdict"] == "not significant" and r["check_kind"] != "largest_share":
             assert (r["test"], r["n"], r["ref_n"]) == ("interval overlap", 2, 2)
@@ -300,7 +303,7 @@ def test_proportional(warehouse: Path) -> None:
     rows = by_dataset(rows_of(warehouse, "A7", "time-proportional"))
     ok = rows["mnist"]
     # medians 40.6 s and 10.3 s: 3.94x for 4x the epochs, 0.985 of proportional (within 0.2)
-    assert ok["observed"] == "4 epochs: 40.6 s vs 1 epoch: 10.3 s (3.94× for 4.00× the epochs: 0.99 of proportional)"
+    assert ok["observed"] == "4 epochs: 40.6 s vs 1 epoch: 10.3 s (3.94× (3.77–4.12) for 4.00× the epochs: 0.99 of proportional)"
     assert ok["effect"] == pytest.approx(40.6 / 10.3 / 4)
     assert (ok["x"], ok["cell_id"], ok["ref_cell_id"], ok["n"], ok["ref_n"]) == ("epochs", "prop-mnist-e4", "prop-mnist-e1", 4, 4)
     assert ok["p_value"] == pytest.approx(2 / 70)
@@ -324,9 +327,15 @@ def test_oversubscription(warehouse: Path) -> None:
     rows = by_dataset([r for r in rows_of(warehouse, "A6", "oversubscription") if r["model"] == "lenet5"])
     ok = rows["mnist"]
     # the host has 2 CPUs: 8 threads (median 122) against the best at <= 2, 2 threads (202)
-    assert ok["observed"] == "8 threads: 122 img/s vs 2 threads: 202 img/s (0.60×; the host has 2 CPUs)"
+    # with its Hodges-Lehmann interval: 4 runs against 4, k = 1, the smallest and the largest
+    # pairwise ratio (120 / 204, 124 / 200) at 1 - 2/70 (tests/test_effect_sizes.py)
+    assert ok["observed"] == ("8 threads: 122 img/s vs 2 threads: 202 img/s (0.60× (0.59–0.62); the host "
+                              "has 2 CPUs)")
     assert (ok["cell_id"], ok["ref_cell_id"]) == ("over-mnist-t8", "over-mnist-t2")
     assert ok["effect"] == pytest.approx(122 / 202)
+    assert (ok["ratio"], ok["ratio_low"], ok["ratio_high"], ok["ratio_level"]) == (
+        pytest.approx(122 / 202), pytest.approx(120 / 204), pytest.approx(124 / 200),
+        pytest.approx(1 - 2 / 70))
     assert rows["fashion-mnist"]["observed"].startswith("8 threads: 302 img/s vs 2 threads: 202 img/s")
     assert rows["synthetic"]["observed"] == "no threads above the host's 2 CPUs (have: 1 thread, 2 threads)"
     # on a 16-CPU host 8 threads is not over-subscribed: no verdict but 'not enough data'
@@ -338,7 +347,7 @@ def test_spread_ignores_the_environment_of_the_variant(warehouse: Path) -> None:
     rows = by_dataset(rows_of(warehouse, "A5-blas", "library-time"))
     # medians 20.2 s and 10.15 s (shown 10.1: the double is just below): 1.99x >= 1.5
     assert rows["mnist"]["observed"] == ("variant=cpu-openblas: 20.2 s vs variant=cpu: 10.1 s "
-                                         "(1.99× apart; 2 values of variant)")
+                                         "(1.99× (1.94–2.04) apart; 2 values of variant)")
     assert rows["mnist"]["effect"] == pytest.approx(20.2 / 10.15)
     assert rows["fashion-mnist"]["effect"] == pytest.approx(12.15 / 10.15)  # significant, but only 1.20x
     assert rows["mnist"]["position"] == 0
@@ -367,7 +376,7 @@ def test_option_with_an_expected_size(warehouse: Path) -> None:
     ok = rows["mnist"]
     assert ok["effect"] == pytest.approx(nhwc / ref)  # 0.857: -14 %, within 15 % ± 10 %
     assert ok["observed"] == (f"layout=nhwc: {nhwc * 1000:.2f} ms/img vs layout=nchw: {ref * 1000:.2f} ms/img "
-                              "(0.86×, -14.3 %)")
+                              "(0.86× (0.83–0.88), -14.3 %)")
     assert ok["expected"] == "layout=nhwc against layout=nchw: step_s differs by about 15.0 % (± 10.0 %)"
     assert rows["fashion-mnist"]["effect"] == pytest.approx((1 / 201 + 1 / 202) / 2 / ref)  # -50 %: too much
     assert rows["synthetic"]["observed"] == "no cell with layout=nhwc has ok runs (have: layout=nchw)"
@@ -389,7 +398,7 @@ def test_largest_share_counts_runs(warehouse: Path) -> None:
 def test_sublinear(warehouse: Path) -> None:
     rows = by_dataset(rows_of(warehouse, "B4", "scaling"))
     assert rows["mnist"]["observed"] == ("4 workers: 302 img/s vs 1 worker: 102 img/s "
-                                         "(2.97× speedup for 4.00× the workers: efficiency 0.74)")
+                                         "(2.97× (2.91–3.03) speedup for 4.00× the workers: efficiency 0.74)")
     assert rows["mnist"]["effect"] == pytest.approx(301.5 / 101.5 / 4)
     assert rows["fashion-mnist"]["effect"] == pytest.approx(501.5 / 101.5 / 4)  # superlinear
 

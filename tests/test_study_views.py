@@ -73,7 +73,8 @@ CONTRACT = {
                           "throughput_ci_high, throughput_noisy, cpu_user_median, "
                           "cpu_system_median, iowait_median, cpu_total_median, rss_avg_mb, "
                           "rss_peak_mb, ref_cell_id, ref_variant, ref_blas, speedup, "
-                          "throughput_ratio, accuracy_change, p_value, test, significant, verdict, "
+                          "throughput_ratio, throughput_ratio_low, throughput_ratio_high, "
+                          "throughput_ratio_level, accuracy_change, p_value, test, significant, verdict, "
                           "accuracy_p_value, accuracy_significant, accuracy_verdict",
     "thread_sweep": "config, framework, variant, model, dataset, device, mode, onednn, batch_size, "
                     "epochs, cell_id, threads, threads_n, interop_threads, runs, train_s_median, "
@@ -81,7 +82,8 @@ CONTRACT = {
                     "throughput_median, throughput_ci_low, throughput_ci_high, throughput_cv, "
                     "throughput_noisy, accuracy_median, cpu_user_median, cpu_system_median, "
                     "iowait_median, cpu_total_median, rss_peak_mb, ref_threads, ref_cell_id, "
-                    "speedup, throughput_ratio, p_value, test, significant, verdict, fastest",
+                    "speedup, throughput_ratio, throughput_ratio_low, throughput_ratio_high, "
+                    "throughput_ratio_level, p_value, test, significant, verdict, fastest",
     "epoch_sweep": "config, framework, variant, model, dataset, device, threads, batch_size, "
                    "optimizer, lr, cell_id, unit, length, epochs, iterations, runs, diverged_runs, "
                    "train_s_median, train_s_ci_low, train_s_ci_high, train_s_noisy, epoch_s_median, "
@@ -95,7 +97,8 @@ CONTRACT = {
                    "epoch_s_median, test_s_median, inference_s_median, throughput_median, "
                    "throughput_ci_low, throughput_ci_high, throughput_noisy, accuracy_median, "
                    "accuracy_ci_low, accuracy_ci_high, ref_batch_size, ref_cell_id, speedup, "
-                   "epoch_speedup, throughput_ratio, accuracy_change, p_value, test, significant, "
+                   "epoch_speedup, throughput_ratio, throughput_ratio_low, throughput_ratio_high, "
+                   "throughput_ratio_level, accuracy_change, p_value, test, significant, "
                    "verdict, accuracy_p_value, accuracy_significant, accuracy_verdict",
     "batch_resources": "config, framework, variant, model, dataset, device, mode, threads, epochs, "
                        "iterations, cell_id, batch_size, runs, failed_runs, timeout_runs, oom_runs, "
@@ -114,7 +117,8 @@ CONTRACT = {
                       "throughput_noisy, accuracy_median, exchange_s_median, "
                       "exchange_fraction_median, scaling, ref_cell_id, ref_batch_size, "
                       "ref_global_batch, "
-                      "speedup, efficiency, time_speedup, accuracy_change, p_value, test, "
+                      "speedup, speedup_low, speedup_high, speedup_level, efficiency, time_speedup, "
+                      "accuracy_change, p_value, test, "
                       "significant, verdict",
     "epoch_convergence": "cell_id, framework, variant, model, dataset, device, threads, "
                          "batch_size, optimizer, lr, epoch, runs, test_accuracy_mean, "
@@ -127,12 +131,14 @@ CONTRACT = {
     "option_effect": "option, ref_value, value, config, framework, variant, model, dataset, "
                      "device, mode, threads, batch_size, cell_id, ref_cell_id, runs, ref_runs, "
                      "throughput_median, ref_throughput_median, throughput_ratio, "
+                     "throughput_ratio_low, throughput_ratio_high, throughput_ratio_level, "
                      "train_s_median, ref_train_s_median, speedup, accuracy_median, "
                      "ref_accuracy_median, accuracy_change, p_value, test, significant, verdict, "
                      "accuracy_p_value, accuracy_significant, accuracy_verdict",
     "best_vs_default": "framework, model, dataset, device, default_cell_id, default_note, "
                        "candidates, best_cell_id, changes, default_runs, best_runs, "
-                       "default_throughput, best_throughput, speedup, default_train_s, "
+                       "default_throughput, best_throughput, speedup, speedup_low, speedup_high, "
+                       "speedup_level, default_train_s, "
                        "best_train_s, time_speedup, default_accuracy, best_accuracy, "
                        "accuracy_change, p_value, test, significant, verdict, accuracy_p_value, "
                        "accuracy_verdict",
@@ -264,7 +270,9 @@ def test_median_ci_is_the_exact_order_statistic_interval(study: Path) -> None:
 
 def test_mann_whitney_exact_small_cases(study: Path) -> None:
     # 4 vs 4, separated: U = 0; only 2 of the C(8,4) = 70 splits are as extreme: p = 2/70.
-    assert one(study, "compare_samples([1, 2, 3, 4]::DOUBLE[], [5, 6, 7, 8]::DOUBLE[])") == {
+    # (the ratio fields: tests/test_effect_sizes.py)
+    r = one(study, "compare_samples([1, 2, 3, 4]::DOUBLE[], [5, 6, 7, 8]::DOUBLE[])")
+    assert {k: v for k, v in r.items() if not k.startswith("ratio")} == {
         "n": 4, "ref_n": 4, "u": 0.0, "p_value": pytest.approx(2 / 70), "test": "mann-whitney exact",
         "significant": True, "direction": -1, "intervals_overlap": False}
     # 3 vs 5, separated: p = 2 / C(8,3) = 2/56 < 0.05

@@ -17,7 +17,7 @@ from typing import Any
 
 from matrun.frameworks import display_name
 from matrun.warehouse.compare import (
-    check_sweep, check_warehouse, fetch, fmt_num, fmt_p, fmt_points, fmt_ratio, reader,
+    check_sweep, check_warehouse, fetch, fmt_num, fmt_p, fmt_points, fmt_ratio_ci, reader,
 )
 
 # best_vs_default with the evidence cell_stats adds; `fastest`: the group's fastest
@@ -100,7 +100,7 @@ COLUMNS = (
     "default_throughput_ci_level", "default_throughput_cv", "default_noisy",
     "best_throughput", "best_throughput_ci_low", "best_throughput_ci_high",
     "best_throughput_ci_level", "best_throughput_cv", "best_noisy",
-    "speedup", "default_train_s", "best_train_s", "time_speedup",
+    "speedup", "speedup_low", "speedup_high", "speedup_level", "default_train_s", "best_train_s", "time_speedup",
     "default_accuracy", "best_accuracy", "accuracy_change",
     "p_value", "test", "significant", "verdict", "accuracy_p_value", "accuracy_verdict",
     "fastest_cell_id", "fastest_changes", "fastest_runs", "fastest_throughput",
@@ -199,9 +199,9 @@ def sentence(row: dict[str, Any]) -> str:
     evidence = f"{b_thr} against {d_thr}"
     accuracy = _accuracy(row)
     if row["verdict"] == "faster":
-        return (f"{where}: {changes} makes {fw} {fmt_ratio(row['speedup'])} faster than its default "
+        return (f"{where}: {changes} makes {fw} {_speedup(row)} faster than its default "
                 f"settings: {evidence}; {row['test']} p = {fmt_p(row['p_value'])}. {accuracy}{_noise(row)}")
-    looks = f"{where}: {changes} looks {fmt_ratio(row['speedup'])} faster than {fw}'s default settings"
+    looks = f"{where}: {changes} looks {_speedup(row)} faster than {fw}'s default settings"
     if row["test"] == "interval overlap":
         return (f"{looks}, but with {_runs(row['best_runs'], row['default_runs'])} that is not significant "
                 f"(p = {fmt_p(row['p_value'])}; so few runs cannot give p < 0.05 whatever they measure): "
@@ -209,6 +209,11 @@ def sentence(row: dict[str, Any]) -> str:
     return (f"{looks}, but that is not significant ({row['test']} p = {fmt_p(row['p_value'])} over "
             f"{_runs(row['best_runs'], row['default_runs'])}): the difference may be noise. "
             f"{evidence}. {accuracy}{_noise(row)}")
+
+
+def _speedup(row: dict[str, Any]) -> str:
+    """The best cell's throughput over the default's, with its Hodges–Lehmann interval."""
+    return fmt_ratio_ci(row["speedup"], row["speedup_low"], row["speedup_high"], row["speedup_level"])
 
 
 def _no_default(row: dict[str, Any], fw: str) -> str:

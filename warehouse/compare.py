@@ -12,7 +12,9 @@ Per matched cell the statistics are those of the views (docs/WAREHOUSE.md, "Stat
 computed in SQL by the macros of ``views/_macros.sql`` over the selected ok runs of each
 side: medians, ``median_ci``, ``cv`` / noisy, ``compare_samples`` (two-sided Mann–Whitney U
 of B's throughput against A's, "interval overlap" and never significant when the test
-cannot reach p < 0.05) and ``verdict``; ``two_modes`` says whether a side's throughputs fall
+cannot reach p < 0.05) and ``verdict``; the throughput ratio B / A (of medians) with the
+Hodges–Lehmann interval ``compare_samples`` gives (``throughput_ratio_low`` / ``_high`` /
+``_level``); ``two_modes`` says whether a side's throughputs fall
 into two modes (``bimodal``), view ``run_drift`` how many of its ok runs were measured while
 the sweep's canary had drifted (``drifted_runs``).  A sweep's canary runs are never selected.
 An ok run that started on a busy machine is left out of its side's statistics while that side
@@ -285,6 +287,9 @@ SELECT * EXCLUDE (tcmp, acmp),
     b_throughput_cv > 0.05 OR b_train_s_cv > 0.05           AS b_noisy,
     b_train_s / a_train_s                                   AS time_ratio,
     b_throughput / a_throughput                             AS throughput_ratio,
+    tcmp.ratio_low                                          AS throughput_ratio_low,
+    tcmp.ratio_high                                         AS throughput_ratio_high,
+    tcmp.ratio_level                                        AS throughput_ratio_level,
     (b_accuracy - a_accuracy) * 100                         AS accuracy_change,
     tcmp.p_value                                            AS p_value,
     tcmp.test                                               AS test,
@@ -304,7 +309,8 @@ COLUMNS = (
     "b_train_s_ci_low", "b_train_s_ci_high", "time_ratio",
     "a_throughput", "b_throughput", "a_throughput_ci_low", "a_throughput_ci_high",
     "a_throughput_ci_level", "b_throughput_ci_low", "b_throughput_ci_high",
-    "b_throughput_ci_level", "throughput_ratio",
+    "b_throughput_ci_level", "throughput_ratio", "throughput_ratio_low", "throughput_ratio_high",
+    "throughput_ratio_level",
     "a_train_s_cv", "b_train_s_cv", "a_throughput_cv", "b_throughput_cv", "a_noisy", "b_noisy",
     "a_bimodal", "b_bimodal", "a_drifted_runs", "b_drifted_runs", "a_busy_set_aside", "b_busy_set_aside",
     "a_accuracy", "b_accuracy", "accuracy_change",
@@ -479,6 +485,15 @@ def _csv(value: Any) -> Any:
 
 def fmt_ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}×"
+
+
+def fmt_ratio_ci(x: float | None, low: float | None, high: float | None, level: float | None) -> str:
+    """A ratio with its interval, as macro ``fmt_ratio_ci`` words it: ``1.39× (1.31–1.47)``,
+    ``1.39× (0.90–2.10 at 67 %)`` below 95 % coverage, ``1.39×`` without an interval."""
+    if x is None or low is None or high is None:
+        return fmt_ratio(x)
+    at = f" at {level * 100:.0f} %" if level is not None and level < 0.95 else ""
+    return f"{x:.2f}× ({low:.2f}–{high:.2f}{at})"
 
 
 def fmt_num(x: float | None, digits: int = 0) -> str:

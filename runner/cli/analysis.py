@@ -22,7 +22,7 @@ from matrun.runner.cli.common import TableFormatOpt, WarehouseOpt, app, check_fo
 from matrun.warehouse import advise as adv
 from matrun.warehouse import compare as cmp
 from matrun.warehouse import explain as xpl
-from matrun.warehouse.compare import fmt_noisy, fmt_num, fmt_p, fmt_points, fmt_ratio
+from matrun.warehouse.compare import fmt_noisy, fmt_num, fmt_p, fmt_points, fmt_ratio, fmt_ratio_ci
 from matrun.warehouse.query import json_value
 
 
@@ -80,7 +80,9 @@ def _compare_tables(result: Any) -> None:
             table.add_row(c["label"], f"{c['a_runs']}/{c['b_runs']}", fmt_num(c["a_train_s"], 2),
                           fmt_num(c["b_train_s"], 2), fmt_ratio(c["time_ratio"]),
                           fmt_num(c["a_throughput"]), fmt_num(c["b_throughput"]),
-                          fmt_ratio(c["throughput_ratio"]), fmt_points(c["accuracy_change"]),
+                          fmt_ratio_ci(c["throughput_ratio"], c["throughput_ratio_low"],
+                                       c["throughput_ratio_high"], c["throughput_ratio_level"]),
+                          fmt_points(c["accuracy_change"]),
                           fmt_p(c["p_value"]), c["test"] or "-", c["verdict"] or "not compared",
                           fmt_noisy(c))
         out.print(table)
@@ -179,6 +181,7 @@ def advise(
         table.add_row(adv.framework_name(r["framework"]), f"{r['model']} {r['dataset']} {r['device']}",
                       default, best, ", ".join(changes or []) or "-", runs,
                       fmt_num(r["default_throughput"]), fmt_num(best_thr),
-                      fmt_ratio(r["speedup"]), fmt_points(r["accuracy_change"]), fmt_p(r["p_value"]),
+                      fmt_ratio_ci(r["speedup"], r["speedup_low"], r["speedup_high"], r["speedup_level"]),
+                      fmt_points(r["accuracy_change"]), fmt_p(r["p_value"]),
                       r["test"] or "-", r["verdict"] or "no default")
     out.print(table)

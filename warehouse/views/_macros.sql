@@ -70,8 +70,96 @@ CREATE OR REPLACE MACRO mw_p_normal(v, m, n, u) AS
 CREATE OR REPLACE MACRO mw_can_decide(m, n) AS
     m >= 1 AND n >= 1 AND 2.0 / round(exp(lgamma(m + n + 1) - lgamma(m + 1) - lgamma(n + 1))) < 0.05;
 
+-- The rank k of the Hodges-Lehmann interval of m against n values and its coverage:
+-- {k, level}.  Up to m + n = 16 exact: the largest k with P(U <= k-1) <= 0.025 under the
+-- null hypothesis (no ties), level = 1 - 2 P(U <= k-1), from the table below: row m, column
+-- n (1 .. 16; NULL where m + n > 16) of k and of the count of the C(m+n, m) rank splits with
+-- U <= k-1 (tests/test_effect_sizes.py enumerates every split with itertools and checks every
+-- entry; a table because computing the distribution per comparison cost more than the rest
+-- of the interval).  Beyond 16 values the normal approximation with a continuity correction:
+-- k = floor(mn/2 + 1/2 - 1.96 sigma), sigma^2 = mn(m+n+1)/12.  When no k reaches 95 % (the
+-- test cannot decide, mw_can_decide) k = 1 and level is the lower true coverage: 2 against
+-- 2: 2/3; 1 against 1: 0.
+CREATE OR REPLACE MACRO ratio_ci_rank_exact(m, n) AS
+    struct_pack(
+        k := [
+            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, NULL,
+            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, NULL, NULL,
+            1, 1, 1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, NULL, NULL, NULL,
+            1, 1, 1, 1, 2, 3, 4, 5, 5, 6, 7, 8, NULL, NULL, NULL, NULL,
+            1, 1, 1, 2, 3, 4, 6, 7, 8, 9, 10, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 2, 3, 4, 6, 7, 9, 11, 12, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 2, 4, 6, 7, 9, 11, 13, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 3, 5, 7, 9, 11, 14, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 3, 5, 8, 11, 13, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 4, 6, 9, 12, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 4, 7, 10, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 2, 5, 8, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 2, 5, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL][(m - 1) * 16 + n],
+        tail := [
+            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, NULL,
+            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, NULL, NULL,
+            1, 1, 1, 1, 1, 2, 2, 4, 4, 7, 7, 11, 11, NULL, NULL, NULL,
+            1, 1, 1, 1, 2, 4, 7, 12, 12, 18, 27, 38, NULL, NULL, NULL, NULL,
+            1, 1, 1, 2, 4, 7, 19, 29, 42, 60, 83, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 2, 4, 7, 19, 30, 64, 124, 168, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 2, 7, 19, 30, 65, 129, 239, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 4, 12, 29, 64, 129, 321, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 4, 12, 42, 124, 239, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 7, 18, 60, 168, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 1, 7, 27, 83, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 2, 11, 38, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 2, 11, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL][(m - 1) * 16 + n]);
+
+CREATE OR REPLACE MACRO ratio_ci_rank(m, n) AS
+    CASE WHEN m + n <= 16 THEN
+        list_transform([ratio_ci_rank_exact(m, n)], lambda e: struct_pack(k := e.k,
+            level := 1 - 2 * e.tail / round(exp(lgamma(m + n + 1) - lgamma(m + 1) - lgamma(n + 1)))))[1]
+    ELSE
+        list_transform([sqrt(m * n * (m + n + 1) / 12.0)], lambda sigma:
+            list_transform([greatest(1, floor(m * n / 2.0 + 0.5 - 1.959964 * sigma)::BIGINT)],
+                lambda k: struct_pack(k := k,
+                    level := 1 - normal_two_sided_p((k - 0.5 - m * n / 2.0) / sigma)))[1])[1]
+    END;
+
+-- The ratio x / ref as an effect size with a distribution-free interval, over two lists of
+-- values without NULL or NaN (compare_samples' filtered lists): {ratio, ratio_hl, ratio_low,
+-- ratio_high, ratio_level, ratio_note}.  ratio: the ratio of medians (the headline).  The
+-- interval is Hodges-Lehmann's on the log scale: of the mn sorted pairwise differences
+-- D = ln x_i - ln ref_j, [exp D(k), exp D(mn+1-k)] (ratio_ci_rank), ratio_hl = exp(median D),
+-- ratio_level its coverage.  A value <= 0 or infinite has no logarithm, and 1 against 1 no
+-- interval (level 0): then the interval is NULL and ratio_note says why.  NULL when either
+-- list is empty.
+CREATE OR REPLACE MACRO ratio_ci(x, ref) AS
+    CASE WHEN coalesce(len(x), 0) = 0 OR coalesce(len(ref), 0) = 0 THEN NULL
+    ELSE list_transform([struct_pack(
+            ratio := list_median(x) / nullif(list_median(ref), 0),
+            loggable := len(list_filter(list_concat(x, ref), lambda a: NOT (a > 0 AND isfinite(a)))) = 0,
+            r := ratio_ci_rank(len(x), len(ref)))],
+        lambda t: CASE
+            WHEN NOT t.loggable THEN struct_pack(ratio := t.ratio, ratio_hl := NULL::DOUBLE,
+                ratio_low := NULL::DOUBLE, ratio_high := NULL::DOUBLE, ratio_level := NULL::DOUBLE,
+                ratio_note := 'a value <= 0 or infinite: no interval of the ratio')
+            ELSE list_transform([list_transform(ref, lambda b: ln(b))], lambda lr: list_transform(
+                [list_sort(flatten(list_transform(x, lambda a: list_transform([ln(a)], lambda la:
+                    list_transform(lr, lambda lb: la - lb))[1])))], lambda d: struct_pack(
+                ratio := t.ratio, ratio_hl := exp(list_median(d)),
+                ratio_low := CASE WHEN t.r.level > 0 THEN exp(d[t.r.k]) END,
+                ratio_high := CASE WHEN t.r.level > 0 THEN exp(d[len(d) + 1 - t.r.k]) END,
+                ratio_level := CASE WHEN t.r.level > 0 THEN t.r.level END,
+                ratio_note := CASE WHEN t.r.level <= 0 THEN 'one value on each side: no interval' END))[1])[1]
+        END)[1]
+    END;
+
 -- Compare the runs of a cell (x) with those of a reference cell (ref), both lists of values.
--- {n, ref_n, u, p_value, test, significant, direction, intervals_overlap}:
+-- {n, ref_n, u, p_value, test, significant, direction, intervals_overlap, ratio, ratio_hl,
+-- ratio_low, ratio_high, ratio_level, ratio_note} (the ratio fields: ratio_ci):
 --   test: 'mann-whitney exact' (m + n <= 16) or 'mann-whitney normal' when the test can reach
 --   p < 0.05 (mw_can_decide); otherwise 'interval overlap', and then `significant` is false
 --   whatever the intervals do (with so few runs disjoint ranges happen by chance: 1 in 3 at
@@ -85,7 +173,7 @@ CREATE OR REPLACE MACRO compare_samples(x, ref) AS
         lambda s: list_transform([struct_pack(
                 m := len(s.x), n := len(s.ref), u := mw_u(s.x, s.ref),
                 v := list_concat(s.x, s.ref), r := midranks(list_concat(s.x, s.ref)),
-                cx := median_ci(s.x), cr := median_ci(s.ref),
+                cx := median_ci(s.x), cr := median_ci(s.ref), e := ratio_ci(s.x, s.ref),
                 x_lo := list_min(s.x), x_hi := list_max(s.x),
                 r_lo := list_min(s.ref), r_hi := list_max(s.ref))],
             lambda t: CASE WHEN t.m = 0 OR t.n = 0 OR t.m IS NULL OR t.n IS NULL THEN NULL ELSE
@@ -99,7 +187,10 @@ CREATE OR REPLACE MACRO compare_samples(x, ref) AS
                         significant := mw_can_decide(t.m, t.n) AND p < 0.05,
                         direction := sign(t.u - t.m * t.n / 2.0)::INTEGER,
                         intervals_overlap := NOT (coalesce(t.cx.high, t.x_hi) < coalesce(t.cr.low, t.r_lo)
-                                               OR coalesce(t.cr.high, t.r_hi) < coalesce(t.cx.low, t.x_lo))))[1]
+                                               OR coalesce(t.cr.high, t.r_hi) < coalesce(t.cx.low, t.x_lo)),
+                        ratio := t.e.ratio, ratio_hl := t.e.ratio_hl, ratio_low := t.e.ratio_low,
+                        ratio_high := t.e.ratio_high, ratio_level := t.e.ratio_level,
+                        ratio_note := t.e.ratio_note))[1]
             END)[1])[1];
 
 -- The words for a comparison: `better` / `worse` when significant (direction times +1 when
@@ -203,6 +294,21 @@ CREATE OR REPLACE MACRO fmt_ratio(r) AS
     CASE WHEN r IS NULL OR isnan(r) THEN 'n/a'
          WHEN abs(r) >= 0.01 AND abs(r) < 9.995 THEN format('{:.2f}×', r)
          ELSE fmt_num(r) || '×' END;
+
+-- A ratio with its interval (compare_samples' ratio fields): "1.39× (1.31–1.47)"; below 95 %
+-- coverage the level too: "1.39× (0.90–2.10 at 67 %)"; without an interval fmt_ratio alone.
+CREATE OR REPLACE MACRO fmt_ratio_ci(r, low, high, level) AS
+    CASE WHEN low IS NULL OR high IS NULL OR r IS NULL OR isnan(r) THEN fmt_ratio(r)
+         ELSE fmt_ratio(r) || ' (' || replace(fmt_ratio(low), '×', '') || '–'
+              || replace(fmt_ratio(high), '×', '')
+              || CASE WHEN level < 0.95 THEN ' at ' || format('{:.0f}', level * 100) || ' %' ELSE '' END
+              || ')' END;
+
+-- The label of a ratio r that is compare_samples' ratio (cmp) or, with inverted, its inverse:
+-- fmt_ratio_ci with cmp's interval, inverted too.
+CREATE OR REPLACE MACRO fmt_cmp_ratio(r, cmp, inverted) AS
+    fmt_ratio_ci(r, CASE WHEN inverted THEN 1 / cmp.ratio_high ELSE cmp.ratio_low END,
+                 CASE WHEN inverted THEN 1 / cmp.ratio_low ELSE cmp.ratio_high END, cmp.ratio_level);
 
 -- A value of a findings metric with its unit: accuracy in %, throughput in img/s, step_s in
 -- ms per image, memory in MiB, cpu_total in % of one core, the other metrics in seconds.

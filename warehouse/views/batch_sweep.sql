@@ -8,6 +8,8 @@
 -- two-sided Mann-Whitney on the runs' throughput, accuracy_* on accuracy, against the
 -- reference (macro compare_samples).  oom_runs / failed_runs count the runs that did not
 -- finish (a batch too large for memory).
+-- throughput_ratio_low / _high / _level: the Hodges-Lehmann interval of throughput_ratio and its coverage
+-- (compare_samples' ratio fields; docs/WAREHOUSE.md "Statistics"), NULL for the reference.
 WITH s AS (
     SELECT *, config_batch AS config FROM cell_cache
 ),
@@ -41,6 +43,9 @@ SELECT
     ref_train_s_median / train_s_median                    AS speedup,
     ref_epoch_s_median / epoch_s_median                    AS epoch_speedup,
     throughput_median / ref_throughput_median              AS throughput_ratio,
+    tcmp.ratio_low                                         AS throughput_ratio_low,
+    tcmp.ratio_high                                        AS throughput_ratio_high,
+    tcmp.ratio_level                                       AS throughput_ratio_level,
     (accuracy_median - ref_accuracy_median) * 100          AS accuracy_change,
     tcmp.p_value                                           AS p_value,
     tcmp.test                                              AS test,

@@ -11,6 +11,9 @@
 -- p_value, test, significant: two-sided Mann-Whitney on the runs' throughput, best against
 -- default (macro compare_samples); verdict 'faster' only when significant, 'not
 -- significant' otherwise, 'default is fastest' when the best is the default.
+-- speedup_low / _high / _level: the Hodges-Lehmann interval of speedup and its coverage
+-- (compare_samples' ratio fields; docs/WAREHOUSE.md "Statistics"), NULL when the best is the
+-- default.
 WITH cs AS (
     SELECT * FROM cell_cache
 ),
@@ -58,6 +61,9 @@ SELECT
     default_runs, best_runs,
     default_throughput, best_throughput,
     best_throughput / default_throughput                   AS speedup,
+    CASE WHEN best_cell_id <> default_cell_id THEN tcmp.ratio_low END     AS speedup_low,
+    CASE WHEN best_cell_id <> default_cell_id THEN tcmp.ratio_high END    AS speedup_high,
+    CASE WHEN best_cell_id <> default_cell_id THEN tcmp.ratio_level END   AS speedup_level,
     default_train_s, best_train_s,
     default_train_s / best_train_s                         AS time_speedup,
     default_accuracy, best_accuracy,

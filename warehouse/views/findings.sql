@@ -33,11 +33,14 @@
 -- 'not enough data' with NULL config.  config_label names the configuration in words (below,
 -- `labels`): the report's "configuration" column, the same text in every export.  effect: r (proportional and sublinear: r over the x
 -- ratio, i.e. linearity and efficiency; spread: max(r, 1/r); bounded: the largest change, in
--- percentage points for accuracy; largest_share: the kind's median share).  busy_set_aside: the
--- ok runs of the row's cell and reference cell that started on a busy machine and that their
--- statistics leave out (a clean run of the same repeat exists: cell_facts_live); observed ends
--- with '; 2 busy runs set aside' when there are any.  largest_share reads every ok run's
--- layer profile (each run's shares, within the run).
+-- percentage points for accuracy; largest_share: the kind's median share).  ratio = median a /
+-- median b of the compared cells (pair and bounded checks), ratio_low / ratio_high / ratio_level
+-- its Hodges-Lehmann interval (compare_samples), shown in observed as '0.60× (0.59–0.62)'
+-- (fmt_cmp_ratio; spread and sublinear as the ratio they show, inverted where it is).
+-- busy_set_aside: the ok runs of the row's cell and reference cell that started on a busy
+-- machine and that their statistics leave out (a clean run of the same repeat exists:
+-- cell_facts_live); observed ends with '; 2 busy runs set aside' when there are any.
+-- largest_share reads every ok run's layer profile (each run's shares, within the run).
 WITH registered AS NOT MATERIALIZED (
     SELECT * FROM study_cells  -- materialise.py reads only the studies it computes again
 ),
@@ -179,23 +182,25 @@ pair_rows AS (
             a.label || ': ' || fmt_metric(a.med, metric) || ' vs ' || b.label || ': '
             || fmt_metric(b.med, metric) || ' ('
             || CASE check_kind
-                WHEN 'proportional' THEN fmt_ratio(ratio) || ' for ' || fmt_ratio(xratio) || ' the ' || xk
+                WHEN 'proportional' THEN fmt_cmp_ratio(ratio, cmp, false) || ' for ' || fmt_ratio(xratio) || ' the ' || xk
                                          || ': ' || format('{:.2f}', ratio / xratio) || ' of proportional'
-                WHEN 'sublinear' THEN fmt_ratio(pow(ratio, sgn)) || ' speedup for ' || fmt_ratio(xratio)
+                WHEN 'sublinear' THEN fmt_cmp_ratio(pow(ratio, sgn), cmp, sgn < 0) || ' speedup for ' || fmt_ratio(xratio)
                                       || ' the ' || xk || ': efficiency ' || format('{:.2f}', pow(ratio, sgn) / xratio)
-                WHEN 'oversubscription' THEN fmt_ratio(ratio) || '; the host has ' || cpu || ' CPUs'
-                WHEN 'spread' THEN fmt_ratio(greatest(ratio, 1 / ratio)) || ' apart; ' || npts
+                WHEN 'oversubscription' THEN fmt_cmp_ratio(ratio, cmp, false) || '; the host has ' || cpu || ' CPUs'
+                WHEN 'spread' THEN fmt_cmp_ratio(greatest(ratio, 1 / ratio), cmp, ratio < 1) || ' apart; ' || npts
                                    || ' values of ' || xk
                 ELSE CASE WHEN metric = 'accuracy' THEN format('{:+.2f} pp', (a.med - b.med) * 100)
-                          ELSE fmt_ratio(ratio) || ', ' || format('{:+.1f} %', (ratio - 1) * 100) END
+                          ELSE fmt_cmp_ratio(ratio, cmp, false) || ', ' || format('{:+.1f} %', (ratio - 1) * 100) END
                END || ')'
         END AS observed,
+        CASE WHEN cmp IS NOT NULL THEN ratio END AS ratio,
         CASE WHEN cmp IS NULL THEN NULL
             WHEN check_kind = 'proportional' THEN ratio / xratio
             WHEN check_kind = 'sublinear' THEN pow(ratio, sgn) / xratio
             WHEN check_kind = 'spread' THEN greatest(ratio, 1 / ratio)
             ELSE ratio
         END AS effect,
+        cmp.ratio_low AS ratio_low, cmp.ratio_high AS ratio_high, cmp.ratio_level AS ratio_level,
         cmp.p_value AS p_value,
         cmp.test AS test,
         coalesce(cmp.n, len(coalesce(a.vals, b.vals))) AS n,
@@ -242,10 +247,13 @@ bounded_rows AS (
              ELSE 'largest change: ' || p.a.label || ': ' || fmt_metric(p.a.med, f.metric) || ' vs '
                   || r.b.label || ': ' || fmt_metric(r.b.med, f.metric) || ' ('
                   || CASE WHEN f.metric = 'accuracy' THEN format('{:+.2f} pp', p.dev)
-                          ELSE format('{:+.1f} %', p.dev * 100) END
+                          ELSE fmt_cmp_ratio(p.dev + 1, p.cmp, false) || ', '
+                               || format('{:+.1f} %', p.dev * 100) END
                   || '); ' || r.npts || ' values of ' || f.xk
         END AS observed,
         p.dev AS effect,
+        CASE WHEN p.a IS NOT NULL THEN p.a.med / nullif(r.b.med, 0) END AS ratio,
+        p.cmp.ratio_low AS ratio_low, p.cmp.ratio_high AS ratio_high, p.cmp.ratio_level AS ratio_level,
         p.cmp.p_value AS p_value,
         CASE WHEN p.a IS NOT NULL AND NOT p.exceeds
              THEN 'medians of ' || (r.npts - 1) || ' other values of ' || f.xk || ' against '
@@ -303,6 +311,7 @@ share_rows AS (
             || coalesce('; ' || s.rival || ' in the others', '')
             || CASE WHEN s.nruns < 3 THEN '; 3 runs needed' ELSE '' END AS observed,
         s.share AS effect,
+        NULL::DOUBLE AS ratio, NULL::DOUBLE AS ratio_low, NULL::DOUBLE AS ratio_high, NULL::DOUBLE AS ratio_level,
         NULL::DOUBLE AS p_value,
         'the largest kind in every run (at least 3)' AS test,
         s.nruns AS n,
@@ -311,14 +320,14 @@ share_rows AS (
     JOIN cs AS c USING (cell_id)
 ),
 verdicts AS (
-    SELECT study, finding, config, cell_id, ref_cell_id, verdict, observed, effect, p_value, test,
-           n, ref_n FROM pair_rows
+    SELECT study, finding, config, cell_id, ref_cell_id, verdict, observed, effect, ratio, ratio_low,
+           ratio_high, ratio_level, p_value, test, n, ref_n FROM pair_rows
     UNION ALL
-    SELECT study, finding, config, cell_id, ref_cell_id, verdict, observed, effect, p_value, test,
-           n, ref_n FROM bounded_rows
+    SELECT study, finding, config, cell_id, ref_cell_id, verdict, observed, effect, ratio, ratio_low,
+           ratio_high, ratio_level, p_value, test, n, ref_n FROM bounded_rows
     UNION ALL
-    SELECT study, finding, config, cell_id, ref_cell_id, verdict, observed, effect, p_value, test,
-           n, ref_n FROM share_rows
+    SELECT study, finding, config, cell_id, ref_cell_id, verdict, observed, effect, ratio, ratio_low,
+           ratio_high, ratio_level, p_value, test, n, ref_n FROM share_rows
 ),
 ok_cells AS (
     SELECT sc.study, count(*) AS cells
@@ -334,7 +343,8 @@ fallback AS (
                  THEN 'no ok run of this study''s cells has a layer profile with ' || f.kind || ' layers'
              ELSE 'no cell of this study with ok runs has values of ' || f.metric || ' and of ' || f.xk
         END AS observed,
-        NULL::DOUBLE AS effect, NULL::DOUBLE AS p_value, NULL::VARCHAR AS test,
+        NULL::DOUBLE AS effect, NULL::DOUBLE AS ratio, NULL::DOUBLE AS ratio_low, NULL::DOUBLE AS ratio_high,
+        NULL::DOUBLE AS ratio_level, NULL::DOUBLE AS p_value, NULL::VARCHAR AS test,
         NULL::BIGINT AS n, NULL::BIGINT AS ref_n
     FROM f
     LEFT JOIN ok_cells AS o USING (study)
@@ -397,7 +407,7 @@ SELECT
     r.verdict,
     r.observed || CASE WHEN b.n > 0 THEN '; ' || b.n || ' busy run' || CASE WHEN b.n = 1 THEN '' ELSE 's' END
                                          || ' set aside' ELSE '' END AS observed,
-    r.effect,
+    r.effect, r.ratio, r.ratio_low, r.ratio_high, r.ratio_level,
     CASE f.check_kind
         WHEN 'proportional' THEN f.metric || ' grows in proportion to ' || f.xk || ': (' || f.metric
             || ' ratio) / (' || f.xk || ' ratio) within 1 ± ' || fmt_num(f.tolerance)

@@ -10,6 +10,8 @@
 -- accuracy_change in percentage points; p_value, test, significant, verdict: two-sided
 -- Mann-Whitney on the runs' throughput (macro compare_samples), accuracy_* the same on
 -- accuracy.
+-- throughput_ratio_low / _high / _level: the Hodges-Lehmann interval of throughput_ratio and its coverage
+-- (compare_samples' ratio fields; docs/WAREHOUSE.md "Statistics"), NULL for the reference.
 WITH s AS (
     SELECT *, config_library AS config FROM cell_cache
 ),
@@ -46,6 +48,9 @@ SELECT
     ref_cell_id, ref_variant, ref_blas,
     ref_train_s_median / train_s_median                    AS speedup,
     throughput_median / ref_throughput_median              AS throughput_ratio,
+    tcmp.ratio_low                                         AS throughput_ratio_low,
+    tcmp.ratio_high                                        AS throughput_ratio_high,
+    tcmp.ratio_level                                       AS throughput_ratio_level,
     (accuracy_median - ref_accuracy_median) * 100          AS accuracy_change,
     tcmp.p_value                                           AS p_value,
     tcmp.test                                              AS test,

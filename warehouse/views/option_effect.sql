@@ -7,6 +7,8 @@
 -- ref train s / train s, accuracy_change in percentage points; p_value, test, significant,
 -- verdict: two-sided Mann-Whitney on the runs' throughput, accuracy_* on accuracy
 -- (macro compare_samples).
+-- throughput_ratio_low / _high / _level: the Hodges-Lehmann interval of throughput_ratio and its coverage
+-- (compare_samples' ratio fields; docs/WAREHOUSE.md "Statistics"), NULL for the reference.
 WITH opts AS (
     SELECT * FROM (VALUES ('conv_algo', 'heuristic'), ('layout', 'nchw'),
                           ('precision', 'fp32'), ('onednn', 'true')) AS t(option, ref_value)
@@ -36,6 +38,9 @@ SELECT
     cell_id, ref_cell_id, runs, ref_runs,
     throughput_median, ref_throughput_median,
     throughput_median / ref_throughput_median              AS throughput_ratio,
+    tcmp.ratio_low                                         AS throughput_ratio_low,
+    tcmp.ratio_high                                        AS throughput_ratio_high,
+    tcmp.ratio_level                                       AS throughput_ratio_level,
     train_s_median, ref_train_s_median,
     ref_train_s_median / train_s_median                    AS speedup,
     accuracy_median, ref_accuracy_median,

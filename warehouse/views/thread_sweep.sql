@@ -6,6 +6,8 @@
 -- throughput; p_value, test, significant, verdict: two-sided Mann-Whitney on the runs'
 -- throughput against the reference (macro compare_samples).  fastest marks the highest
 -- median throughput of the configuration.
+-- throughput_ratio_low / _high / _level: the Hodges-Lehmann interval of throughput_ratio and its coverage
+-- (compare_samples' ratio fields; docs/WAREHOUSE.md "Statistics"), NULL for the reference.
 WITH s AS (
     SELECT *, config_threads AS config, TRY_CAST(threads AS INTEGER) AS threads_n
     FROM cell_cache
@@ -37,6 +39,9 @@ SELECT
     ref_threads, ref_cell_id,
     ref_train_s_median / train_s_median        AS speedup,
     throughput_median / ref_throughput_median  AS throughput_ratio,
+    tcmp.ratio_low                             AS throughput_ratio_low,
+    tcmp.ratio_high                            AS throughput_ratio_high,
+    tcmp.ratio_level                           AS throughput_ratio_level,
     tcmp.p_value                               AS p_value,
     tcmp.test                                  AS test,
     ref_significant(cell_id = ref_cell_id, tcmp) AS significant,

@@ -12,6 +12,8 @@
 -- exchange_s_median / exchange_fraction_median: the
 -- gradient exchange per step (cell_stats).  p_value, test, significant, verdict: two-sided
 -- Mann-Whitney on the runs' throughput (compare_samples).
+-- speedup_low / _high / _level: the Hodges-Lehmann interval of speedup and its coverage
+-- (compare_samples' ratio fields; docs/WAREHOUSE.md "Statistics"), NULL for the reference.
 WITH s AS (
     SELECT *, config_workers AS config FROM cell_cache
 ),
@@ -67,6 +69,9 @@ SELECT
     accuracy_median, exchange_s_median, exchange_fraction_median,
     scaling, ref_cell_id, ref_batch_size, ref_global_batch,
     throughput_median / ref_throughput_median              AS speedup,
+    tcmp.ratio_low                                         AS speedup_low,
+    tcmp.ratio_high                                        AS speedup_high,
+    tcmp.ratio_level                                       AS speedup_level,
     throughput_median / ref_throughput_median / workers    AS efficiency,
     ref_train_s_median / train_s_median                    AS time_speedup,
     (accuracy_median - ref_accuracy_median) * 100          AS accuracy_change,
