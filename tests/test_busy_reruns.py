@@ -332,7 +332,7 @@ def test_the_busy_flag_is_in_the_cells_fingerprint(tmp_path: Path) -> None:
 def test_the_findings_verdict_says_how_many_busy_runs_were_set_aside(warehouse: Path) -> None:
     (row,) = query(warehouse, "SELECT * FROM findings WHERE study = 'A6'")
     assert (row["cell_id"], row["ref_cell_id"], row["busy_set_aside"]) == (B, A, 2)
-    assert row["observed"] == "2 threads: 210 img/s vs 1 thread: 80.0 img/s (2.62×, +162.5 %); 2 busy runs set aside"
+    assert row["observed"] == "2 threads: 210 img/s vs 1 thread: 80.0 img/s (2.62× (1.75–5.25), +162.5 %); 2 busy runs set aside"
     assert (row["n"], row["ref_n"]) == (3, 6)
 
 
