@@ -148,16 +148,22 @@ def test_the_lake_holds_what_checkpoint_writes_and_a_plain_read_only_client_writ
                                                   "AND name LIKE 'ducklake_inlined_data_%'")]
     assert any(metadata(lake, f'SELECT count(*) FROM "{name}"')[0][0] for name in inlined)
     # What matrun's readers are guarded against: DuckLake's CHECKPOINT on a read-only attach
-    # writes Parquet files before the catalog refuses the change.
-    copy = copy_warehouse(lake, tmp_path / "copy")
-    before = {p for p in (copy / "data").rglob("*") if p.is_file()}
-    con = plain_connect(copy)
-    try:
-        with pytest.raises(duckdb.Error):
-            con.execute("CHECKPOINT")
-    finally:
-        con.close()
-    assert {p for p in (copy / "data").rglob("*") if p.is_file()} - before
+    # writes Parquet files before the catalog refuses the change.  Not on every try (once in a
+    # CI run it wrote none, beside the other worker; alone it always did): up to 3 fresh copies.
+    wrote = []
+    for attempt in range(3):
+        copy = copy_warehouse(lake, tmp_path / f"copy{attempt}")
+        before = {p for p in (copy / "data").rglob("*") if p.is_file()}
+        con = plain_connect(copy)
+        try:
+            with pytest.raises(duckdb.Error):
+                con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        wrote.append({p for p in (copy / "data").rglob("*") if p.is_file()} - before)
+        if wrote[-1]:
+            break
+    assert any(wrote), wrote
 
 
 # -- item 2: any directory, any host, any copy ------------------------------------------------
