@@ -30,6 +30,7 @@ from matrun.runner.harness.spec import (
 from matrun.runner.planning.overrides import spelled
 from matrun.runner.planning.params import PARAMS, ParamError, plain, show
 from matrun.runner.planning.presets import apply_preset
+from matrun.runner.planning.sequential import MAX_ADAPTIVE
 from matrun.runner.slurm.settings import SlurmSettings, parse_slurm_section
 from matrun.tomltext import TomlError, TomlTooDeep, loads as toml_loads
 from matrun.warehouse.findings import StudyDecl, parse_study
@@ -109,7 +110,9 @@ class SweepSettings:
     results: Path = Path("results")
     warehouse: Path = Path("matrun.duckdb")
     data_dir: Path | None = None
-    repeats: int = 1
+    repeats: int = 1  # the repeats every cell gets: the fixed count, or an adaptive design's min
+    repeats_max: int | None = None  # [sweep] repeats = { min, max }: the adaptive design's max (None: fixed)
+    max_time: float | None = None  # [sweep] repeats.max_time: no round of extra repeats starts after it (s)
     timeout: float = 1800.0
     executor: str = "auto"
     max_cells: int = DEFAULT_MAX_CELLS
@@ -595,8 +598,11 @@ def _parse_sweep(raw: Any, errors: _Errors, *, base: Path) -> SweepSettings:
             else:
                 kw[key] = resolved
         elif key == "repeats":
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
-                errors.add(where, f"expected a repeat count from 1 to 1000, got {show(value)}")
+            if isinstance(value, dict):
+                kw.update(_parse_adaptive(value, errors))
+            elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+                errors.add(where, f"expected a repeat count from 1 to 1000, or a table {{ min, max, max_time }} "
+                                  f"(adaptive repeats), got {show(value)}")
             else:
                 kw["repeats"] = value
         elif key == "timeout":
@@ -632,6 +638,64 @@ def _parse_sweep(raw: Any, errors: _Errors, *, base: Path) -> SweepSettings:
     kw.setdefault("results", base / "results")
     kw.setdefault("warehouse", base / "matrun.duckdb")
     return SweepSettings(**kw)
+
+
+def repeats_option(text: str | None, max_time: float | None = None) -> dict[str, Any]:
+    """``--repeats N`` or ``--repeats MIN..MAX`` (adaptive) and ``--max-time``, as the
+    SweepSettings fields they set ({} when neither is given).  Raises InputError naming the flag."""
+    out: dict[str, Any] = {}
+    if text is not None:
+        m = re.fullmatch(r"\s*(\d{1,4})\s*(?:\.\.\s*(\d{1,4})\s*)?", text)
+        if not m:
+            raise InputError(f"--repeats: expected N or MIN..MAX (e.g. 4..12), got {show(text)}")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if m.group(2) is None:
+            if not 1 <= lo <= 1000:
+                raise InputError(f"--repeats: expected a repeat count from 1 to 1000, got {lo}")
+        elif not (1 <= lo <= MAX_ADAPTIVE and 1 <= hi <= MAX_ADAPTIVE):
+            raise InputError(f"--repeats: adaptive repeats go from 1 to {MAX_ADAPTIVE}, got {lo}..{hi}")
+        elif lo > hi:
+            raise InputError(f"--repeats: min ({lo}) is more than max ({hi})")
+        out.update(repeats=lo, repeats_max=hi if hi > lo else None)
+    if max_time is not None:
+        try:
+            out["max_time"] = PARAMS["timeout"].check(max_time)
+        except ParamError as exc:
+            raise InputError(f"--max-time: expected a positive time budget: {exc}") from None
+    return out
+
+
+def _parse_adaptive(value: dict[str, Any], errors: _Errors) -> dict[str, Any]:
+    """``[sweep] repeats = { min = 4, max = 12, max_time = "2h" }``: adaptive repeats
+    (runner/planning/sequential.py).  Returns SweepSettings fields, {} with errors added."""
+    where = ("sweep", "repeats")
+    out: dict[str, Any] = {}
+    for key in value:
+        if key not in ("min", "max", "max_time"):
+            errors.add((*where, key), "unknown key; expected min, max or max_time")
+    for key in ("min", "max"):
+        v = value.get(key)
+        if key not in value:
+            errors.add(where, f"adaptive repeats need {key} (e.g. {{ min = 4, max = 12 }})")
+        elif isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_ADAPTIVE:
+            errors.add((*where, key), f"expected a repeat count from 1 to {MAX_ADAPTIVE}, got {show(v)}")
+        else:
+            out[key] = v
+    if "min" in out and "max" in out and out["min"] > out["max"]:
+        errors.add(where, f"min ({out['min']}) is more than max ({out['max']})")
+        return {}
+    budget = None
+    if "max_time" in value:
+        try:
+            budget = PARAMS["timeout"].check(value["max_time"])
+        except ParamError as exc:
+            errors.add((*where, "max_time"), f"expected a positive time budget: {exc}")
+            return {}
+    if "min" not in out or "max" not in out:
+        return {}
+    return {"repeats": out["min"], "repeats_max": out["max"] if out["max"] > out["min"] else None,
+            "max_time": budget}
 
 
 def _parse_canary(value: Any, errors: _Errors) -> CanarySettings | None:
