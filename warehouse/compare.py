@@ -212,7 +212,7 @@ r AS (
         CASE WHEN x.diverged THEN NULL ELSE o.train_seconds END AS train_seconds,
         o.accuracy, o.throughput,
         params_key(x.params, $drop::VARCHAR[]) AS match_key,
-        x.params, coalesce(d.drift_flagged, false) AS drifted,
+        x.params, coalesce(d.drift_flagged, false) AS drifted, x.design_level,
         o.status = 'ok' AND coalesce(x.busy_start, false)
             AND bool_or(o.status = 'ok' AND NOT coalesce(x.busy_start, false))
                 OVER (PARTITION BY s.side, o.cell_id, x."repeat") AS set_aside
@@ -236,6 +236,7 @@ counts AS (
 ok AS (
     SELECT side, match_key,
         count(*) FILTER (WHERE diverged) AS diverged_runs,
+        min(design_level) AS design_level,  -- an adaptive sweep's level (runs.design_level)
         median(train_seconds) AS train_s_median, cv(train_seconds) AS train_s_cv,
         list(train_seconds ORDER BY train_seconds) FILTER (WHERE train_seconds IS NOT NULL) AS train_s_values,
         median(throughput) AS throughput_median, cv(throughput) AS throughput_cv,
@@ -277,8 +278,8 @@ pairs AS (
         coalesce(a.drifted_runs, 0) AS a_drifted_runs, coalesce(b.drifted_runs, 0) AS b_drifted_runs,
         coalesce(a.busy_set_aside, 0) AS a_busy_set_aside, coalesce(b.busy_set_aside, 0) AS b_busy_set_aside,
         a.accuracy_median AS a_accuracy, b.accuracy_median AS b_accuracy,
-        compare_samples(b.throughput_values, a.throughput_values) AS tcmp,
-        compare_samples(b.accuracy_values, a.accuracy_values) AS acmp
+        compare_samples(b.throughput_values, a.throughput_values, level := least(b.design_level, a.design_level)) AS tcmp,
+        compare_samples(b.accuracy_values, a.accuracy_values, level := least(b.design_level, a.design_level)) AS acmp
     FROM (SELECT * FROM s WHERE side = 'a') AS a
     FULL OUTER JOIN (SELECT * FROM s WHERE side = 'b') AS b ON a.match_key = b.match_key
 )

@@ -128,14 +128,14 @@ _DIGEST = "matrun_views_digest()"  # the macro db.create_views writes: these vie
 
 # What a cell's statistics are computed from, per cell: its runs' columns the statistics
 # read (their JSON records never change after an ingest; bundle_digest stands for them; the
-# run id holds the repeat, busy_start which runs are set aside) and the BLAS of their images.
+# run id holds the repeat, busy_start which runs are set aside, design_level their level) and the BLAS of their images.
 _FINGERPRINTS = """
     CREATE OR REPLACE TEMP TABLE _matrun_fingerprints AS
     SELECT r.cell_id,
         hash(count(*), bit_xor(hash(r.run_id, r.sweep, r.env_id, r.status, r.train_seconds,
                                     r.test_seconds, r.accuracy, r.throughput, r.diverged,
                                     r.cpu_user_avg, r.cpu_system_avg, r.cpu_total_avg, r.iowait_avg,
-                                    r.rss_avg_bytes, r.rss_peak_bytes, r.mismatches, r.busy_start,
+                                    r.rss_avg_bytes, r.rss_peak_bytes, r.mismatches, r.busy_start, r.design_level,
                                     r.bundle_digest, i.blas))) AS fingerprint
     FROM runs AS r
     LEFT JOIN images AS i ON i.tag = r.image_tag

@@ -49,6 +49,8 @@ RUNS_SCHEMA = pa.schema([
     ("cpu_energy_j", pa.float64()), ("busy_start", pa.bool_()),
     # the performance model's inputs (migration 008)
     ("gradient_bytes", pa.int64()), ("phase_every", pa.int32()),
+    # an adaptive sweep's nominal level (migration 010)
+    ("design_level", pa.float64()),
 ])
 STEP_PHASES_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("step", pa.int32()), ("ordinal", pa.int32()), ("phase", pa.string()),
@@ -211,6 +213,7 @@ def _runs_table(bundles: list[Bundle]) -> pa.Table:
         row.update({col: _number(monitor.get(key), col) for col, key in _MONITOR_COLUMNS.items()})
         row["busy_start"] = _number(_state(result.get("host")).get("busy"), "busy_start")
         row["gradient_bytes"] = _number(summary.get("gradient_bytes"), "gradient_bytes")
+        row["design_level"] = _design_level(result.get("design"))
         phases = summary.get("phases")
         row["phase_every"] = _number(phases.get("every"), "phase_every") if isinstance(phases, dict) else None
         rows.append(row)
@@ -256,6 +259,14 @@ def _without_type(record: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _design_level(design: Any) -> float | None:
+    """result.json ``design.level`` of a run of an adaptive sweep (runner/planning/sequential.py):
+    a level in (0, 0.05]; anything else (a fixed design, a damaged or hostile value) is None,
+    which the verdicts read as 0.05 - a bundle cannot make its comparisons easier to win."""
+    level = _number(design.get("level"), "design_level") if isinstance(design, dict) else None
+    return level if level is not None and 0 < level <= 0.05 else None
 
 
 def _number(value: Any, column: str) -> Any:

@@ -101,6 +101,16 @@ class SweepDisplay:
         if self._task is not None:
             self._bar.update(self._task, total=self.progress.total if self.progress else None)
 
+    def _adaptive(self, event: Any) -> None:
+        """A round of adaptive repeats: ``event.total`` more runs, of the cells in ``expected``."""
+        self._print(event.text)
+        if self.progress is not None:
+            self.progress.total += event.total
+            if self.progress.estimate_s is not None and self.progress.expected:
+                self.progress.estimate_s += sum(self.progress.expected.get(c, 0.0) for c in (event.expected or {}))
+        if self._task is not None:
+            self._bar.update(self._task, total=self.progress.total if self.progress else None)
+
     def _run_skip(self, event: Any) -> None:
         self._ended(event.cell.cell_id, None)
         self._print(f"{'done':>9}  {event.cell.cell_id}  {repeat_text(event.repeat)}  ({event.text})  "

@@ -20,7 +20,7 @@ from matrun.runner.cli.common import (
     MatrixArg, ProfileOpt, SetOpt, WhereOpt, app, command, duration_text, err, out,
 )
 from matrun.runner.cli.progress import SweepDisplay
-from matrun.runner.planning.matrix import load_matrix
+from matrun.runner.planning.matrix import load_matrix, repeats_option
 from matrun.runner.planning.overrides import parse_overrides, spelled
 from matrun.runner.planning.overview import plan_rows, status_rows
 from matrun.runner.slurm.jobs import cell_progress
@@ -80,6 +80,11 @@ def sweep(
     rerun_busy: Annotated[Optional[bool], typer.Option("--rerun-busy/--no-rerun-busy", help="Run a repeat again "
         "when its run started on a busy machine, up to \\[sweep] busy_reruns times (default: \\[sweep] rerun_busy; "
         "on for study files, off otherwise).")] = None,
+    repeats: Annotated[Optional[str], typer.Option("--repeats", help="N repeats per cell, or MIN..MAX: adaptive "
+        "repeats (after MIN, one more repeat per round only for the cells of verdicts still undecided, up to MAX; "
+        "overrides \\[sweep] repeats).")] = None,
+    max_time: Annotated[Optional[float], typer.Option("--max-time", help="Adaptive repeats: start no round after "
+        "this many seconds of the sweep (overrides \\[sweep] repeats.max_time).")] = None,
     executor: Annotated[Optional[str], typer.Option(help="auto, local, docker or slurm (default: the matrix's \\[sweep] "
         "executor; auto: docker when a Docker engine answers, else local).")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Slurm: submit and return; a later `matrun sweep` "
@@ -98,6 +103,7 @@ def sweep(
 ) -> None:
     """Run every cell that has no successful run yet, ingest each run as it ends."""
     overrides = parse_overrides(sets)
+    repeat_fields = repeats_option(repeats, max_time)  # an InputError (exit 2) for a bad value
     signal.signal(signal.SIGTERM, _sigterm)
     display = SweepDisplay(err)  # a live progress line on a terminal, plain lines elsewhere
     slurm = {"partition": partition, "account": account, "qos": qos, "throttle": throttle,
@@ -105,7 +111,7 @@ def sweep(
     try:
         summary = run_sweep(matrix_path=matrix, where=where, force=force, executor=executor, on_event=display,
                             detach=detach, slurm=slurm, profile=profile, overrides=overrides,
-                            skip_unrunnable=skip_unrunnable, rerun_busy=rerun_busy)
+                            skip_unrunnable=skip_unrunnable, rerun_busy=rerun_busy, repeats=repeat_fields)
     except SweepStopped as stopped:  # what ran until then, then the Error line (common.py)
         display.stop()
         if stopped.summary.ran or stopped.summary.ingested or stopped.summary.skipped:
@@ -145,6 +151,11 @@ def _print_summary(summary: SweepSummary) -> None:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.by_status.items())) or "nothing to run"
         elsewhere = f" ({summary.done_elsewhere} by another sweep meanwhile)" if summary.done_elsewhere else ""
         busy = f"; {summary.busy_reruns} run(s) made again after a busy start" if summary.busy_reruns else ""
+        if summary.adaptive_rounds:
+            busy += (f"; adaptive repeats: {summary.adaptive_runs} run(s) in {summary.adaptive_rounds} round(s) for "
+                     f"undecided verdicts")
+        if summary.undecided:
+            busy += f", {summary.undecided} still undecided"
         typer.echo(f"sweep {summary.sweep}: {summary.ran} runs ({counts}); {summary.skipped_done} already "
                    f"done{elsewhere}{busy}")
     typer.echo(f"warehouse: ingested {summary.ingested} run(s), {summary.unchanged} unchanged, "

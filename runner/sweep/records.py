@@ -55,7 +55,8 @@ MESSAGE_PATH_CHARS = 240
 @dataclass
 class SweepEvent:
     # "message" | "plan" | "run-start" | "run-end" | "run-skip" (done by another sweep meanwhile) |
-    # "run-again" (the run that just ended started busy: one more run of its repeat, runner/sweep/busy.py)
+    # "run-again" (the run that just ended started busy: one more run of its repeat, runner/sweep/busy.py) |
+    # "adaptive" (a round of adaptive repeats: ``total`` more runs, their cells in ``expected``'s keys)
     kind: str
     text: str = ""
     total: int = 0
@@ -90,6 +91,11 @@ class SweepSummary:
     detached: bool = False
     warnings: list[str] = field(default_factory=list)
     busy_reruns: int = 0  # runs made again because the run before started busy ([sweep] rerun_busy)
+    # adaptive repeats ([sweep] repeats = { min, max }): rounds and runs added beyond min, and
+    # the verdicts still undecided when the sweep stopped adding (max or max_time reached)
+    adaptive_rounds: int = 0
+    adaptive_runs: int = 0
+    undecided: int = 0
     # cells left out by --skip-unrunnable: "cell <id> (<label>): <reason>"
     unrunnable: list[str] = field(default_factory=list)
 
@@ -279,8 +285,9 @@ def _note_holder(fd: int, text: str) -> None:
 
 
 def write_result(key: RunKey, run_dir: Path, env_id: str, executor: str,
-                 host: dict[str, Any] | None, outcome: RunOutcome) -> None:
-    """``result.json``, last and atomically (also written by Slurm tasks and for runs Slurm ended)."""
+                 host: dict[str, Any] | None, outcome: RunOutcome, design: dict[str, Any] | None = None) -> None:
+    """``result.json``, last and atomically (also written by Slurm tasks and for runs Slurm ended).
+    ``design``: an adaptive sweep's design (runner/sweep/adaptive.py ``design_record``)."""
     write_json_atomic(run_dir / RESULT, {
         "schema_version": SCHEMA_VERSION, "sweep": key.sweep, "cell_id": key.cell_id,
         "repeat": key.repeat, "attempt": key.attempt, "env_id": env_id, "executor": executor,
@@ -289,6 +296,7 @@ def write_result(key: RunKey, run_dir: Path, env_id: str, executor: str,
         "wall_seconds": outcome.wall_seconds, "host": host, "monitor": outcome.monitor,
         # The image the cell ran in (docker runtime): tag, ID, repo digests, content hash.
         "image": outcome.image or None,
+        **({"design": design} if design else {}),
     })
 
 

@@ -27,6 +27,7 @@ intervals and at the end (``runner/sweep/canary.py``); the slurm executor refuse
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -49,6 +50,7 @@ from matrun.runner.sweep.records import (
     INGEST_WAIT_S, IngestQueue, RunClaim, SubmitClaim, SweepEvent, SweepStopped, SweepSummary, host_info, ingest_quietly, ok_runs_on_disk,
     path_error, prepare_run, sweep_lock, with_state, write_result,
 )
+from matrun.runner.sweep.adaptive import describe, design_record, sweep_design, undecided
 from matrun.runner.sweep.busy import busy_reasons, rerun_limit, run_until_clean
 from matrun.runner.sweep.canary import SLURM_REFUSAL, Canary, reference_cell, schedule
 from matrun.runner.sweep.machine import LoadWatch, noise_warnings
@@ -65,7 +67,8 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
               executor: str | None = None, on_event: Callable[[SweepEvent], None] | None = None,
               detach: bool = False, slurm: Mapping[str, Any] | None = None,
               profile: str | None = None, overrides: Mapping[str, Any] | None = None,
-              skip_unrunnable: bool = False, rerun_busy: bool | None = None) -> SweepSummary:
+              skip_unrunnable: bool = False, rerun_busy: bool | None = None,
+              repeats: Mapping[str, Any] | None = None) -> SweepSummary:
     """Run (or, for slurm, submit) every selected (cell, repeat) without an ok run.
 
     ``profile``: the matrix's ``[profiles.<name>]`` to apply; ``overrides``: the ``--set``
@@ -80,6 +83,10 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
     is on): a repeat whose ok run started on a busy machine runs again, up to ``[sweep]
     busy_reruns`` times (runner/sweep/busy.py; local and docker executors).
 
+    ``repeats``: ``--repeats`` / ``--max-time`` (SweepSettings fields: ``repeats``,
+    ``repeats_max``, ``max_time``; matrix.repeats_option); an adaptive design
+    (``repeats_max``) adds repeats to undecided verdicts' cells (runner/sweep/adaptive.py).
+
     ``slurm``: overrides of the matrix's ``[slurm]`` settings (``SlurmSettings`` field names;
     ``None`` values are ignored).  ``detach``: slurm only, return once submitted.  Raises
     ``SweepStopped`` (with the summary so far) when the sweep stops after it has begun.
@@ -87,7 +94,8 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
     try:
         return _run_sweep(matrix_path=matrix_path, where=where, force=force, executor=executor,
                           emit=on_event or (lambda event: None), detach=detach, slurm=slurm, profile=profile,
-                          sets=overrides, skip_unrunnable=skip_unrunnable, rerun_busy=rerun_busy)
+                          sets=overrides, skip_unrunnable=skip_unrunnable, rerun_busy=rerun_busy,
+                          repeats=repeats)
     except OSError as exc:  # a path of the sweep's the system refused, before anything ran
         raise path_error(exc) from None
 
@@ -96,16 +104,22 @@ def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor
                emit: Callable[[SweepEvent], None], detach: bool,
                slurm: Mapping[str, Any] | None, profile: str | None = None,
                sets: Mapping[str, Any] | None = None, skip_unrunnable: bool = False,
-               rerun_busy: bool | None = None) -> SweepSummary:
+               rerun_busy: bool | None = None, repeats: Mapping[str, Any] | None = None) -> SweepSummary:
     matrix = load_matrix(matrix_path, profile, sets)  # sets: the --set values
     if rerun_busy is not None:  # --rerun-busy / --no-rerun-busy
         matrix = replace(matrix, sweep=replace(matrix.sweep, rerun_busy=rerun_busy))
+    if repeats:  # --repeats N | MIN..MAX, --max-time
+        matrix = replace(matrix, sweep=replace(matrix.sweep, **repeats))
     filters = parse_where(where)
     name = executor or matrix.sweep.executor
     overrides = {k: v for k, v in (slurm or {}).items() if v is not None and v != () and v != []}
     if name != "slurm" and (overrides or detach):
         flags = ", ".join(["--detach"] * detach + [f"--{k.replace('_', '-')}" for k in overrides])
         raise InputError(f"{flags}: only for --executor slurm (this sweep's executor is {name})")
+    if name == "slurm" and matrix.sweep.repeats_max:
+        raise InputError(f"[sweep] repeats = {{ min = {matrix.sweep.repeats}, max = {matrix.sweep.repeats_max} }}: "
+                         "adaptive repeats need the local or docker executor (they look at the verdicts between "
+                         "rounds; a Slurm sweep submits every run at once); give a fixed count for Slurm")
     settings = matrix.slurm.merged(overrides) if name == "slurm" else None
     runner, picked = get_executor(name, slurm=settings)
     emit(SweepEvent("message", picked))
@@ -248,14 +262,16 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
                          after_submit=submit_claim.release if submit_claim else (lambda: None),
                          waiting_for=frozenset(in_flight))
     assert isinstance(runner, SyncExecutor)
-    if not todo:
+    if not todo and not matrix.sweep.repeats_max:  # (adaptive: undecided verdicts may want more)
         return summary
     watch = LoadWatch()  # other processes' load, measured while the sweep prepares and between runs
-    runner.prepare({(pc.params["framework"], pc.params["variant"]) for pc, _ in [*todo, *extra]},
+    may_run = [pc for pc, _ in [*todo, *extra]] + (list(cells) if matrix.sweep.repeats_max else [])
+    runner.prepare({(pc.params["framework"], pc.params["variant"]) for pc in may_run},
                    log=lambda text: emit(SweepEvent("message", text)))
     for warning in noise_warnings(_cells_cpus([*todo, *extra]), watch=watch):  # told, never changed (docs/EXECUTORS.md "Noise")
         emit(SweepEvent("message", f"Warning: {warning}"))
     host = host_info()
+    began = time.monotonic()  # [sweep] repeats.max_time counts from here
     queue = IngestQueue(matrix.sweep.warehouse, summary)  # finished runs on their way into the warehouse
     later: list[tuple[PlannedCell, int, RunClaim]] = []
     try:
@@ -278,11 +294,60 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
                 claim.take(wait=True)
             _run_claimed(runner, matrix, pc, repeat, claim, done, data_dir, host, force, summary, emit, queue,
                          watch=watch)
+        if matrix.sweep.repeats_max:  # adaptive repeats: rounds for the undecided verdicts' cells
+            _adaptive_rounds(runner, matrix, cells, done, data_dir, host, force, summary, emit, queue, watch=watch,
+                             began=began)
         if canary is not None:  # the last canary run, after every run of the sweep
             _run_canary(runner, matrix, canary, done, data_dir, host, summary, emit, queue, watch=watch)
     finally:  # ended, stopped or interrupted: every finished run goes in now
         queue.flush()
     return summary
+
+
+def _adaptive_rounds(runner: SyncExecutor, matrix: Matrix, cells: Sequence[PlannedCell],
+                     done: dict[tuple[str, int], dict[str, Any]], data_dir: Path, host: dict[str, Any],
+                     force: bool, summary: SweepSummary, emit: Callable[[SweepEvent], None], queue: IngestQueue, *,
+                     watch: LoadWatch | None, began: float) -> None:
+    """Repeats ``min`` .. ``max - 1``: before each round, the round's runs are the undecided
+    verdicts' cells without an ok run of that repeat (runner/sweep/adaptive.py)."""
+    d = sweep_design(matrix)
+    assert d is not None
+    ids = {pc.cell_id for pc in cells}
+    for repeat in range(d.min, d.max):
+        queue.flush()  # the verdicts see every run so far
+        open_ = undecided(matrix.sweep.warehouse, matrix.study.id if matrix.study else None, ids)
+        if not open_:
+            emit(SweepEvent("message", f"adaptive repeats: every verdict is decided after {repeat} repeats "
+                                       f"(each look at p <= {d.level:.4f})"))
+            return
+        elapsed = time.monotonic() - began
+        if matrix.sweep.max_time is not None and elapsed >= matrix.sweep.max_time:
+            emit(SweepEvent("message", f"adaptive repeats: max_time ({matrix.sweep.max_time:g} s) reached after "
+                                       f"{elapsed:.0f} s; still undecided: {describe(open_)}"))
+            summary.undecided = len(open_)
+            return
+        wanted = {c for u in open_ for c in u.cells}
+        todo = [(pc, repeat) for pc in cells if pc.cell_id in wanted
+                and (force or not done.get((pc.cell_id, repeat), {}).get("ok"))]
+        summary.adaptive_rounds += 1
+        emit(SweepEvent("adaptive", f"adaptive repeats: repeat {repeat + 1} of at most {d.max} for {len(wanted)} "
+                                    f"cell(s) of {len(open_)} undecided verdict(s): {describe(open_)}",
+                        total=len(todo), expected={pc.cell_id: 0.0 for pc, _ in todo}))
+        for pc, r in todo:
+            claim = RunClaim(matrix.sweep.results, pc.cell_id, r, matrix.sweep.name)
+            if not claim.take(wait=False):
+                queue.flush()
+                emit(SweepEvent("message", f"waiting for {claim.holder()} to finish cell {pc.cell_id} repeat {r} …"))
+                claim.take(wait=True)
+            summary.adaptive_runs += 1
+            _run_claimed(runner, matrix, pc, r, claim, done, data_dir, host, force, summary, emit, queue, watch=watch)
+    queue.flush()
+    left = undecided(matrix.sweep.warehouse, matrix.study.id if matrix.study else None, ids)
+    summary.undecided = len(left)
+    if left:
+        emit(SweepEvent("message", f"adaptive repeats: max ({d.max}) reached; still undecided: {describe(left)}"))
+    else:
+        emit(SweepEvent("message", f"adaptive repeats: every verdict is decided after {d.max} repeats"))
 
 
 def _run_claimed(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: int, claim: RunClaim,
@@ -393,7 +458,8 @@ def _run_one(runner: SyncExecutor, matrix: Matrix, pc: PlannedCell, repeat: int,
     except BaseException:
         _record(key, run_dir, pc.env_id, runner.name, host, cancelled_outcome())
         raise
-    write_result(key, run_dir, pc.env_id, runner.name, host, outcome)  # an OSError: no result, run again later
+    write_result(key, run_dir, pc.env_id, runner.name, host, outcome,  # an OSError: no result, run again later
+                 design=design_record(sweep_design(matrix)))
     queue.add(run_dir)
     return outcome, run_dir
 

@@ -159,14 +159,17 @@ CREATE OR REPLACE MACRO ratio_ci(x, ref) AS
 
 -- Compare the runs of a cell (x) with those of a reference cell (ref), both lists of values.
 -- {n, ref_n, u, p_value, test, significant, direction, intervals_overlap, ratio, ratio_hl,
--- ratio_low, ratio_high, ratio_level, ratio_note} (the ratio fields: ratio_ci):
+-- ratio_low, ratio_high, ratio_level, ratio_note, level} (the ratio fields: ratio_ci):
 --   test: 'mann-whitney exact' (m + n <= 16) or 'mann-whitney normal' when the test can reach
 --   p < 0.05 (mw_can_decide); otherwise 'interval overlap', and then `significant` is false
 --   whatever the intervals do (with so few runs disjoint ranges happen by chance: 1 in 3 at
 --   2 vs 2) - `intervals_overlap` is reported, never called a win.  p_value is the test's
---   p in every case (also where it cannot decide).  direction: +1 when x tends to be larger
+--   p in every case (also where it cannot decide).  `level` (default 0.05): the significance
+--   level; an adaptive sweep's cells are compared at their design's nominal level (p <= level,
+--   cell_facts design_level, runner/planning/sequential.py), a NULL level is 0.05; returned
+--   as `level`.  direction: +1 when x tends to be larger
 --   (U > mn/2), -1 smaller, 0 neither.  Everything NULL when either side has no value.
-CREATE OR REPLACE MACRO compare_samples(x, ref) AS
+CREATE OR REPLACE MACRO compare_samples(x, ref, level := 0.05) AS
     list_transform([struct_pack(
             x := list_filter(x, lambda a: a IS NOT NULL AND NOT isnan(a)),
             ref := list_filter(ref, lambda a: a IS NOT NULL AND NOT isnan(a)))],
@@ -184,13 +187,14 @@ CREATE OR REPLACE MACRO compare_samples(x, ref) AS
                         test := CASE WHEN NOT mw_can_decide(t.m, t.n) THEN 'interval overlap'
                                      WHEN t.m + t.n <= 16 THEN 'mann-whitney exact'
                                      ELSE 'mann-whitney normal' END,
-                        significant := mw_can_decide(t.m, t.n) AND p < 0.05,
+                        significant := mw_can_decide(t.m, t.n)
+                            AND (p < coalesce(level, 0.05) OR (coalesce(level, 0.05) < 0.05 AND p <= level + 1e-12)),
                         direction := sign(t.u - t.m * t.n / 2.0)::INTEGER,
                         intervals_overlap := NOT (coalesce(t.cx.high, t.x_hi) < coalesce(t.cr.low, t.r_lo)
                                                OR coalesce(t.cr.high, t.r_hi) < coalesce(t.cx.low, t.x_lo)),
                         ratio := t.e.ratio, ratio_hl := t.e.ratio_hl, ratio_low := t.e.ratio_low,
                         ratio_high := t.e.ratio_high, ratio_level := t.e.ratio_level,
-                        ratio_note := t.e.ratio_note))[1]
+                        ratio_note := t.e.ratio_note, level := coalesce(level, 0.05)::DOUBLE))[1]
             END)[1])[1];
 
 -- The words for a comparison: `better` / `worse` when significant (direction times +1 when

@@ -47,8 +47,8 @@ pairs AS (
         b.accuracy_median AS best_accuracy,
         list_filter(string_split(b.params_key, ';'),
             lambda kv: NOT list_contains(string_split(g.default_params_key, ';'), kv)) AS changes,
-        compare_samples(b.throughput_values, dc.throughput_values) AS tcmp,
-        compare_samples(b.accuracy_values, dc.accuracy_values) AS acmp
+        compare_samples(b.throughput_values, dc.throughput_values, level := least(b.design_level, dc.design_level)) AS tcmp,
+        compare_samples(b.accuracy_values, dc.accuracy_values, level := least(b.design_level, dc.design_level)) AS acmp
     FROM g
     LEFT JOIN cand USING (framework, model, dataset, device)
     LEFT JOIN cs AS dc ON dc.cell_id = g.default_cell_id

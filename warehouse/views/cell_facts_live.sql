@@ -15,6 +15,9 @@
 -- values below (and so of every comparison, finding and advice built on them) when an ok run
 -- of the same (cell, repeat) started clean (busy_start false or NULL); busy_set_aside counts
 -- them.  A repeat whose ok runs all started busy keeps them (baseline's busy_runs flags them).
+-- design_level: the smallest nominal level of the cell's ok runs that came from an adaptive
+-- sweep ([sweep] repeats = { min, max }; runs.design_level), NULL when none did; the verdicts
+-- compare the cell at that level instead of 0.05 (docs/WAREHOUSE.md "Statistics").
 WITH x AS NOT MATERIALIZED (
     SELECT * FROM runs  -- materialise.py reads only the runs of the cells it computes again
 ),
@@ -40,7 +43,7 @@ r AS NOT MATERIALIZED (
         CASE WHEN x.diverged THEN NULL ELSE x.train_seconds END        AS train_seconds,
         CASE WHEN x.diverged THEN NULL ELSE x.test_seconds END         AS test_seconds,
         x.accuracy, x.throughput, x.cpu_user_avg, x.cpu_system_avg, x.cpu_total_avg, x.iowait_avg,
-        x.rss_avg_bytes, x.rss_peak_bytes, x.mismatches,
+        x.rss_avg_bytes, x.rss_peak_bytes, x.mismatches, x.design_level,
         x.params ->> 'mode'                                            AS mode,
         x.params ->> 'layout'                                          AS layout,
         x.params ->> 'precision'                                       AS precision,
@@ -122,6 +125,7 @@ ok AS (
         cell_id,
         count(*) FILTER (WHERE diverged)                                     AS diverged_runs,
         count(*) FILTER (WHERE len(mismatches) > 0)                          AS mismatch_runs,
+        min(design_level)                                                    AS design_level,
         median(train_seconds) AS train_s_median, cv(train_seconds) AS train_s_cv,
         list(train_seconds ORDER BY train_seconds) FILTER (WHERE train_seconds IS NOT NULL) AS train_s_values,
         median(test_seconds) AS test_s_median, cv(test_seconds) AS test_s_cv,
@@ -164,6 +168,7 @@ stats AS (
         coalesce(ci.diverged_runs, 0) AS diverged_runs,
         coalesce(ci.mismatch_runs, 0) AS mismatch_runs,
         c.busy_set_aside,
+        ci.design_level,
         coalesce(len(train_s_values), 0) AS train_s_n, train_s_median,
         train_s_ci.low AS train_s_ci_low, train_s_ci.high AS train_s_ci_high, train_s_ci.level AS train_s_ci_level,
         train_s_cv, train_s_cv > 0.05 AS train_s_noisy, train_s_values,

@@ -24,7 +24,7 @@ ref AS (
 pairs AS (
     SELECT s.*, ref.ref_cell_id, ref.ref_length,
         r.train_s_median AS ref_train_s_median, r.accuracy_median AS ref_accuracy_median,
-        CASE WHEN s.cell_id <> r.cell_id THEN compare_samples(s.accuracy_values, r.accuracy_values) END AS acmp
+        CASE WHEN s.cell_id <> r.cell_id THEN compare_samples(s.accuracy_values, r.accuracy_values, level := least(s.design_level, r.design_level)) END AS acmp
     FROM s
     JOIN grp USING (config, unit)
     LEFT JOIN ref USING (config, unit)

@@ -37,6 +37,9 @@
 -- median b of the compared cells (pair and bounded checks), ratio_low / ratio_high / ratio_level
 -- its Hodges-Lehmann interval (compare_samples), shown in observed as '0.60× (0.59–0.62)'
 -- (fmt_cmp_ratio; spread and sublinear as the ratio they show, inverted where it is).
+-- Adaptive repeats: a cell with runs of an adaptive sweep (cell_cache.design_level) is compared
+-- at its design's nominal level (the smaller of the two cells'), and test says so
+-- ('mann-whitney exact at p <= 0.0179 (adaptive repeats)'; runner/planning/sequential.py).
 -- busy_set_aside: the ok runs of the row's cell and reference cell that started on a busy
 -- machine and that their statistics leave out (a clean run of the same repeat exists:
 -- cell_facts_live); observed ends with '; 2 busy runs set aside' when there are any.
@@ -68,8 +71,8 @@ sc AS (
 -- the statistics of the studies' cells (cell_stats' and the other metrics' values over each
 -- cell's ok runs, the hosts' largest CPU count), computed once
 cs AS MATERIALIZED (
-    SELECT cell_id, fingerprint, entries, env_id, runs, busy_set_aside, framework, model, dataset, device, cpu_count,
-        train_s_values, test_s_values, accuracy_values, throughput_values, epoch_s_values,
+    SELECT cell_id, fingerprint, entries, env_id, runs, busy_set_aside, design_level, framework, model, dataset,
+        device, cpu_count, train_s_values, test_s_values, accuracy_values, throughput_values, epoch_s_values,
         rss_peak_mb_values, cpu_total_values, device_memory_peak_mb_values
     FROM cell_cache
     WHERE cell_id IN (SELECT cell_id FROM registered)
@@ -77,7 +80,7 @@ cs AS MATERIALIZED (
 -- each finding's cells, with only what the checks below read (the rows are many)
 cells AS (
     SELECT f.study, f.finding, f.check_kind, f.xk, f.metric, f.lib, f.along, f.value_text,
-        f.ref_text, f.at_most, c.cell_id, c.fingerprint, c.entries, c.env_id, c.cpu_count,
+        f.ref_text, f.at_most, c.cell_id, c.fingerprint, c.entries, c.env_id, c.cpu_count, c.design_level,
         CASE WHEN regexp_full_match(f.xk, '[a-z][a-z0-9_]*') THEN entries_value(c.entries, f.xk) END AS xv,
         finding_values(f.metric, c.train_s_values, c.test_s_values, c.accuracy_values,
                        c.throughput_values, c.epoch_s_values, c.rss_peak_mb_values,
@@ -101,7 +104,7 @@ configured AS (
 pts AS (
     SELECT *,
         struct_pack(cell := cell_id, xv := xv, xn := xn, vals := vals, med := med,
-                    label := fmt_x(xk, xv), fp := fingerprint) AS pt,
+                    label := fmt_x(xk, xv), fp := fingerprint, lvl := design_level) AS pt,
         max(cpu_count) OVER (PARTITION BY study, finding, config) AS cpu
     FROM configured
     QUALIFY row_number() OVER (PARTITION BY study, finding, config, xv ORDER BY len(vals) DESC, cell_id) = 1
@@ -128,7 +131,8 @@ grp AS (
 ),
 tested AS (
     SELECT f.*, g.config, g.cpu, g.npts, g.have, t.a, t.b,
-        CASE WHEN t.a.cell <> t.b.cell THEN compare_samples(t.a.vals, t.b.vals) END AS cmp,
+        CASE WHEN t.a.cell <> t.b.cell
+             THEN compare_samples(t.a.vals, t.b.vals, level := least(t.a.lvl, t.b.lvl)) END AS cmp,
         t.a.med / nullif(t.b.med, 0)                                              AS ratio,
         t.a.xn / nullif(t.b.xn, 0)                                                AS xratio,
         CASE WHEN f.lib THEN 1 ELSE -1 END                                        AS sgn
@@ -202,7 +206,8 @@ pair_rows AS (
         END AS effect,
         cmp.ratio_low AS ratio_low, cmp.ratio_high AS ratio_high, cmp.ratio_level AS ratio_level,
         cmp.p_value AS p_value,
-        cmp.test AS test,
+        cmp.test || CASE WHEN cmp.level < 0.05
+                         THEN format(' at p <= {:.4f} (adaptive repeats)', cmp.level) ELSE '' END AS test,
         coalesce(cmp.n, len(coalesce(a.vals, b.vals))) AS n,
         cmp.ref_n AS ref_n
     FROM tested
@@ -223,7 +228,7 @@ bdev AS (
     SELECT p.study, p.finding, p.config, p.metric, p.xk, p.at_most, r.b, r.npts, p.pt AS a,
         CASE WHEN p.metric = 'accuracy' THEN (p.med - r.b.med) * 100
              ELSE p.med / nullif(r.b.med, 0) - 1 END AS dev,
-        compare_samples(p.vals, r.b.vals) AS cmp
+        compare_samples(p.vals, r.b.vals, level := least(p.pt.lvl, r.b.lvl)) AS cmp
     FROM pts AS p
     JOIN bref AS r USING (study, finding, config)
     WHERE p.check_kind = 'bounded' AND p.cell_id <> r.b.cell

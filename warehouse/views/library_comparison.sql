@@ -29,8 +29,8 @@ pairs AS (
         r.variant AS ref_variant, r.blas AS ref_blas,
         r.train_s_median AS ref_train_s_median, r.throughput_median AS ref_throughput_median,
         r.accuracy_median AS ref_accuracy_median,
-        CASE WHEN s.cell_id <> r.cell_id THEN compare_samples(s.throughput_values, r.throughput_values) END AS tcmp,
-        CASE WHEN s.cell_id <> r.cell_id THEN compare_samples(s.accuracy_values, r.accuracy_values) END AS acmp
+        CASE WHEN s.cell_id <> r.cell_id THEN compare_samples(s.throughput_values, r.throughput_values, level := least(s.design_level, r.design_level)) END AS tcmp,
+        CASE WHEN s.cell_id <> r.cell_id THEN compare_samples(s.accuracy_values, r.accuracy_values, level := least(s.design_level, r.design_level)) END AS acmp
     FROM s
     JOIN grp USING (config)
     LEFT JOIN ref USING (config)

@@ -26,8 +26,8 @@ pairs AS (
         r.cell_id AS ref_cell_id, r.runs AS ref_runs,
         r.train_s_median AS ref_train_s_median, r.throughput_median AS ref_throughput_median,
         r.accuracy_median AS ref_accuracy_median,
-        compare_samples(x.throughput_values, r.throughput_values) AS tcmp,
-        compare_samples(x.accuracy_values, r.accuracy_values) AS acmp
+        compare_samples(x.throughput_values, r.throughput_values, level := least(x.design_level, r.design_level)) AS tcmp,
+        compare_samples(x.accuracy_values, r.accuracy_values, level := least(x.design_level, r.design_level)) AS acmp
     FROM s AS x
     JOIN s AS r ON r.option = x.option AND r.config = x.config AND r.value = r.ref_value
     WHERE x.value IS DISTINCT FROM x.ref_value AND x.value IS NOT NULL

@@ -22,7 +22,7 @@ ref AS (
 pairs AS (
     SELECT s.*, ref.ref_cell_id, ref.ref_threads,
         r.train_s_median AS ref_train_s_median, r.throughput_median AS ref_throughput_median,
-        CASE WHEN s.cell_id <> r.cell_id THEN compare_samples(s.throughput_values, r.throughput_values) END AS tcmp,
+        CASE WHEN s.cell_id <> r.cell_id THEN compare_samples(s.throughput_values, r.throughput_values, level := least(s.design_level, r.design_level)) END AS tcmp,
         s.throughput_median = max(s.throughput_median) OVER (PARTITION BY s.config) AS fastest
     FROM s
     JOIN grp USING (config)

@@ -55,7 +55,7 @@ pairs AS (
         r.batch_size AS ref_batch_size, r.global_batch AS ref_global_batch,
         r.train_s_median AS ref_train_s_median, r.throughput_median AS ref_throughput_median,
         r.accuracy_median AS ref_accuracy_median,
-        CASE WHEN m.cell_id <> r.cell_id THEN compare_samples(m.throughput_values, r.throughput_values) END AS tcmp
+        CASE WHEN m.cell_id <> r.cell_id THEN compare_samples(m.throughput_values, r.throughput_values, level := least(m.design_level, r.design_level)) END AS tcmp
     FROM chosen AS m
     LEFT JOIN s AS r ON r.cell_id = m.ref_cell_id
 )
