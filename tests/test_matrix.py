@@ -191,7 +191,8 @@ BAD = [
      "matrix.toml: [sweep -> result] unknown key; expected one of name, results, warehouse, data_dir, "
      "repeats, timeout, executor, max_cells"),
     ("repeats zero", "[sweep]\nrepeats = 0\n",
-     "matrix.toml: [sweep -> repeats] expected a repeat count from 1 to 1000, got 0"),
+     "matrix.toml: [sweep -> repeats] expected a repeat count from 1 to 1000, or a table { min, max, max_time } "
+     "(adaptive repeats), got 0"),
     ("unknown executor", '[sweep]\nexecutor = "kubernetes"\n',
      'matrix.toml: [sweep -> executor] expected one of auto, local, docker, slurm, got "kubernetes"'),
     ("no timed steps", "[fixed]\niterations = 5\nwarmup_steps = 5\n",

@@ -49,7 +49,7 @@ CONTRACT = {
                   "threads, interop_threads, batch_size, epochs, iterations, optimizer, lr, onednn, "
                   "layout, precision, conv_algo, gpus, nodes, workers, scaling, global_batch, "
                   "preset, cpuset, seed, params, "
-                  "runs, failed_runs, timeout_runs, oom_runs, diverged_runs, mismatch_runs, busy_set_aside, "
+                  "runs, failed_runs, timeout_runs, oom_runs, diverged_runs, mismatch_runs, busy_set_aside, design_level, "
                   "train_s_n, train_s_median, train_s_ci_low, train_s_ci_high, train_s_ci_level, "
                   "train_s_cv, train_s_noisy, train_s_values, "
                   "test_s_n, test_s_median, test_s_ci_low, test_s_ci_high, test_s_ci_level, "
@@ -274,7 +274,17 @@ def test_mann_whitney_exact_small_cases(study: Path) -> None:
     r = one(study, "compare_samples([1, 2, 3, 4]::DOUBLE[], [5, 6, 7, 8]::DOUBLE[])")
     assert {k: v for k, v in r.items() if not k.startswith("ratio")} == {
         "n": 4, "ref_n": 4, "u": 0.0, "p_value": pytest.approx(2 / 70), "test": "mann-whitney exact",
-        "significant": True, "direction": -1, "intervals_overlap": False}
+        "significant": True, "direction": -1, "intervals_overlap": False, "level": 0.05}
+    # at an adaptive design's level (runner/planning/sequential.py) 4 vs 4 cannot decide:
+    # p = 2/70 = 0.0286 > 0.0179; 5 vs 5 separated (p = 2/252) can; p equal to the level decides
+    r = one(study, "compare_samples([1, 2, 3, 4]::DOUBLE[], [5, 6, 7, 8]::DOUBLE[], level := 0.0179)")
+    assert (r["significant"], r["level"]) == (False, 0.0179)
+    r = one(study, "compare_samples([1, 2, 3, 4, 5]::DOUBLE[], [6, 7, 8, 9, 10]::DOUBLE[], level := 0.0179)")
+    assert (r["p_value"], r["significant"]) == (pytest.approx(2 / 252), True)
+    r = one(study, f"compare_samples([1, 2, 3, 4]::DOUBLE[], [5, 6, 7, 8]::DOUBLE[], level := {2 / 70!r})")
+    assert r["significant"] is True
+    r = one(study, "compare_samples([1, 2, 3, 4]::DOUBLE[], [5, 6, 7, 8]::DOUBLE[], level := NULL)")
+    assert (r["significant"], r["level"]) == (True, 0.05)  # NULL: a fixed design's 0.05
     # 3 vs 5, separated: p = 2 / C(8,3) = 2/56 < 0.05
     r = one(study, "compare_samples([6, 7, 8]::DOUBLE[], [1, 2, 3, 4, 5]::DOUBLE[])")
     assert (r["u"], r["p_value"], r["significant"], r["direction"]) == (15.0, pytest.approx(2 / 56), True, 1)
