@@ -7,6 +7,7 @@ undecided, records the design's level in every run, and is judged at that level.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -90,10 +91,14 @@ def test_a_malformed_adaptive_design_is_refused_naming_the_key(tmp_path: Path, w
     with pytest.raises(MatrixError) as err:
         load_matrix(write(tmp_path, line))
     assert message in str(err.value)
-    done = subprocess.run([MATRUN, "plan", str(write(tmp_path, line))], capture_output=True, text=True,
-                          env={**__import__("os").environ, **NO_ENGINE}, timeout=120)
-    assert done.returncode == 2 and done.stderr.startswith("Error: ") and "Traceback" not in done.stderr
-    assert message in done.stderr
+
+
+def test_plan_refuses_a_malformed_adaptive_design_with_an_error_line(tmp_path: Path) -> None:
+    for _, line, message in BAD[:2]:
+        done = subprocess.run([MATRUN, "plan", str(write(tmp_path, line))], capture_output=True, text=True,
+                              env={**os.environ, **NO_ENGINE}, timeout=120)
+        assert done.returncode == 2 and done.stderr.startswith("Error: ") and "Traceback" not in done.stderr
+        assert message in done.stderr
 
 
 def test_an_adaptive_design_parses_into_its_fields(tmp_path: Path) -> None:
@@ -123,7 +128,7 @@ def test_the_sweep_command_refuses_a_bad_repeats_flag_before_anything_runs(tmp_p
     path = write(tmp_path, "repeats = 2")
     for args in (["--repeats", "9..3"], ["--max-time", "-1"], ["--repeats", "x"]):
         done = subprocess.run([MATRUN, "sweep", str(path), *args], capture_output=True, text=True,
-                              env={**__import__("os").environ, **NO_ENGINE}, timeout=120)
+                              env={**os.environ, **NO_ENGINE}, timeout=120)
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith("Error: --") and "Traceback" not in done.stderr
     assert not (tmp_path / "results").exists() and not (tmp_path / "matrun.duckdb").exists()
@@ -239,8 +244,9 @@ def test_max_time_stops_adding_rounds(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_the_command_line_design_overrides_the_matrix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path, "repeats = 2")
-    summary, _ = _sweep(monkeypatch, path, repeats=repeats_option("4..8"))
-    assert len(_runs(path)) == 14 and summary.adaptive_rounds == 3
+    summary, _ = _sweep(monkeypatch, path, repeats=repeats_option("4..5"))
+    assert len(_runs(path)) == 10 and summary.adaptive_rounds == 1
+    assert {lvl for _, _, lvl in _runs(path)} == {design(4, 5).level}
 
 
 def test_a_hostile_level_in_a_bundle_cannot_make_a_comparison_easier(tmp_path: Path) -> None:
