@@ -64,6 +64,9 @@ def verdict_badge(verdict: Any, significant: Any, p_value: Any = None, test: Any
         return Html(flag("reference", "muted", "the cell the others are compared with") + sub)
     if verdict == "default is fastest":
         return Html(flag("default is fastest", "muted") + sub)
+    if verdict == "within 5 %":
+        return Html(flag("within 5 %", "muted", "the speedup's interval lies inside ±5 %: the defaults are as "
+                         "fast as the best cell found") + sub)
     if significant is True and verdict in ("faster", "more accurate"):
         return Html(flag(verdict, "sig", "significant at p < 0.05") + sub)
     if significant is True and verdict in ("slower", "less accurate"):

@@ -384,6 +384,26 @@ def test_advise_a_gain_that_is_not_significant(study: Path) -> None:
         "p < 0.05 whatever they measure): run at least 4 repeats per side.")
 
 
+def test_advise_decides_a_default_as_fast_as_the_best_by_its_interval(tmp_path: Path) -> None:
+    """Not significant, but the speedup's interval inside ±5 %: 'within 5 %' (an equivalence);
+    the same medians with wide spreads stay 'not significant' (undecided)."""
+    results = tmp_path / "results"
+    d = {"threads": "unset", "epochs": 1}
+    _cell(results, "eq", "tight-default", [(t, 10, .80) for t in (100, 101, 102, 103, 104)], d)
+    _cell(results, "eq", "tight-t2", [(t, 10, .80) for t in (101, 102, 103, 104, 105)], {**d, "threads": 2})
+    wide = {**d, "dataset": "mnist"}
+    _cell(results, "eq", "wide-default", [(t, 10, .80) for t in (80, 95, 102, 110, 125)], wide)
+    _cell(results, "eq", "wide-t2", [(t, 10, .80) for t in (81, 96, 103, 111, 126)], {**wide, "threads": 2})
+    rows = _advice(_warehouse(results))
+    tight, loose = rows[("torch", "fashion-mnist")], rows[("torch", "mnist")]
+    assert tight["verdict"] == "within 5 %" and not tight["significant"]
+    assert 1 / 1.05 <= tight["speedup_low"] <= 1 <= tight["speedup_high"] <= 1.05
+    assert tight["advice"].startswith(
+        "PyTorch, lenet5 on fashion-mnist (cpu): PyTorch's default settings are as fast as the best cell found, "
+        "to 5 %: threads=2 gives 1.01× (")
+    assert loose["verdict"] == "not significant" and loose["speedup_high"] > 1.05
+
+
 def test_advise_when_the_default_is_fastest(study: Path) -> None:
     row = _advice(study)[("mxnet", "fashion-mnist")]
     assert (row["verdict"], row["speedup"]) == ("default is fastest", 1.0)

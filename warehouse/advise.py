@@ -201,6 +201,10 @@ def sentence(row: dict[str, Any]) -> str:
     if row["verdict"] == "faster":
         return (f"{where}: {changes} makes {fw} {_speedup(row)} faster than its default "
                 f"settings: {evidence}; {row['test']} p = {fmt_p(row['p_value'])}. {accuracy}{_noise(row)}")
+    if row["verdict"] == "within 5 %":
+        return (f"{where}: {fw}'s default settings are as fast as the best cell found, to 5 %: {changes} gives "
+                f"{_speedup(row)}, an interval inside ±5 % ({row['test']} p = {fmt_p(row['p_value'])}). "
+                f"{evidence}. {accuracy}{_noise(row)}")
     looks = f"{where}: {changes} looks {_speedup(row)} faster than {fw}'s default settings"
     if row["test"] == "interval overlap":
         return (f"{looks}, but with {_runs(row['best_runs'], row['default_runs'])} that is not significant "

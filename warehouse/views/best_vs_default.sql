@@ -9,8 +9,10 @@
 -- that differ from the default's.  speedup = best throughput / default throughput,
 -- time_speedup = default train s / best train s, accuracy_change in percentage points.
 -- p_value, test, significant: two-sided Mann-Whitney on the runs' throughput, best against
--- default (macro compare_samples); verdict 'faster' only when significant, 'not
--- significant' otherwise, 'default is fastest' when the best is the default.
+-- default (macro compare_samples); verdict 'faster' only when significant; 'within 5 %' when
+-- not, but the speedup's Hodges-Lehmann interval lies inside [1/1.05, 1.05] (the defaults are
+-- as fast as the best found, to 5 %: decided, an equivalence by interval); 'not significant'
+-- otherwise (undecided: more runs would tell); 'default is fastest' when the best is the default.
 -- speedup_low / _high / _level: the Hodges-Lehmann interval of speedup and its coverage
 -- (compare_samples' ratio fields; docs/WAREHOUSE.md "Statistics"), NULL when the best is the
 -- default.
@@ -72,6 +74,8 @@ SELECT
     CASE WHEN best_cell_id <> default_cell_id THEN tcmp.test END          AS test,
     CASE WHEN best_cell_id = default_cell_id THEN false ELSE tcmp.significant END AS significant,
     CASE WHEN best_cell_id = default_cell_id THEN 'default is fastest'
+         WHEN NOT tcmp.significant AND tcmp.ratio_low >= 1 / 1.05 AND tcmp.ratio_high <= 1.05
+              THEN 'within 5 %'
          ELSE verdict(tcmp, true, 'faster', 'slower') END  AS verdict,
     CASE WHEN best_cell_id <> default_cell_id THEN acmp.p_value END       AS accuracy_p_value,
     CASE WHEN best_cell_id <> default_cell_id
