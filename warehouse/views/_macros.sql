@@ -157,6 +157,38 @@ CREATE OR REPLACE MACRO ratio_ci(x, ref) AS
         END)[1]
     END;
 
+-- The difference x - ref as an effect size with a distribution-free interval, ratio_ci's
+-- counterpart on the original scale (findings' `bounded` check of accuracy, whose bound is in
+-- percentage points): {shift, shift_hl, shift_low, shift_high, shift_level, shift_note}.
+-- shift: the difference of medians.  The interval is Hodges-Lehmann's: of the mn sorted
+-- pairwise differences D = x_i - ref_j, [D(k), D(mn+1-k)] with ratio_ci's rank k and
+-- coverage (ratio_ci_rank), shift_hl = median D, shift_level the coverage.  NULL and NaN
+-- values are left out (as compare_samples does; this macro is called on its own).  An
+-- infinite value, or 1 against 1 (level 0), gives no interval and shift_note says why.  NULL
+-- when either list has no value left.
+CREATE OR REPLACE MACRO shift_ci(x, ref) AS
+    list_transform([struct_pack(
+            x := list_filter(x, lambda a: a IS NOT NULL AND NOT isnan(a)),
+            ref := list_filter(ref, lambda a: a IS NOT NULL AND NOT isnan(a)))],
+        lambda s: CASE WHEN coalesce(len(s.x), 0) = 0 OR coalesce(len(s.ref), 0) = 0 THEN NULL
+        ELSE list_transform([struct_pack(
+                shift := (list_median(s.x) - list_median(s.ref))::DOUBLE,
+                finite := len(list_filter(list_concat(s.x, s.ref), lambda a: NOT isfinite(a))) = 0,
+                r := ratio_ci_rank(len(s.x), len(s.ref)))],
+            lambda t: CASE
+                WHEN NOT t.finite THEN struct_pack(shift := t.shift, shift_hl := NULL::DOUBLE,
+                    shift_low := NULL::DOUBLE, shift_high := NULL::DOUBLE, shift_level := NULL::DOUBLE,
+                    shift_note := 'an infinite value: no interval of the difference')
+                ELSE list_transform([list_sort(flatten(list_transform(s.x, lambda a:
+                        list_transform(s.ref, lambda b: (a - b)::DOUBLE))))], lambda d: struct_pack(
+                    shift := t.shift, shift_hl := list_median(d)::DOUBLE,
+                    shift_low := CASE WHEN t.r.level > 0 THEN d[t.r.k] END,
+                    shift_high := CASE WHEN t.r.level > 0 THEN d[len(d) + 1 - t.r.k] END,
+                    shift_level := CASE WHEN t.r.level > 0 THEN t.r.level END,
+                    shift_note := CASE WHEN t.r.level <= 0 THEN 'one value on each side: no interval' END))[1]
+            END)[1]
+        END)[1];
+
 -- Compare the runs of a cell (x) with those of a reference cell (ref), both lists of values.
 -- {n, ref_n, u, p_value, test, significant, direction, intervals_overlap, ratio, ratio_hl,
 -- ratio_low, ratio_high, ratio_level, ratio_note, level} (the ratio fields: ratio_ci):
@@ -305,6 +337,16 @@ CREATE OR REPLACE MACRO fmt_ratio_ci(r, low, high, level) AS
     CASE WHEN low IS NULL OR high IS NULL OR r IS NULL OR isnan(r) THEN fmt_ratio(r)
          ELSE fmt_ratio(r) || ' (' || replace(fmt_ratio(low), '×', '') || '–'
               || replace(fmt_ratio(high), '×', '')
+              || CASE WHEN level < 0.95 THEN ' at ' || format('{:.0f}', level * 100) || ' %' ELSE '' END
+              || ')' END;
+
+-- A difference in percentage points with its interval (shift_ci's fields times 100):
+-- "-0.25 pp (-0.90 to +0.40)"; below 95 % coverage the level too: "+0.50 pp (-1.00 to +2.00
+-- at 67 %)"; without an interval the difference alone.
+CREATE OR REPLACE MACRO fmt_pp_ci(d, low, high, level) AS
+    CASE WHEN d IS NULL OR isnan(d) THEN 'n/a pp'
+         WHEN low IS NULL OR high IS NULL THEN format('{:+.2f} pp', d::DOUBLE)
+         ELSE format('{:+.2f} pp ({:+.2f} to {:+.2f}', d::DOUBLE, low::DOUBLE, high::DOUBLE)
               || CASE WHEN level < 0.95 THEN ' at ' || format('{:.0f}', level * 100) || ' %' ELSE '' END
               || ')' END;
 

@@ -10,9 +10,10 @@
 -- verdict: 'reproduced' / 'contradicted' / 'not significant' / 'not enough data'.  The test is
 -- compare_samples (two-sided Mann-Whitney on the runs' values of the metric, never calling an
 -- interval overlap significant) of cell_id's runs against ref_cell_id's; only a significant
--- difference is reproduced or contradicted, except `bounded` (medians within the bound are
--- the claim: reproduced without a test; a change beyond it is contradicted only when
--- significant) and `largest_share` (a count over runs, no test).  The rules, with a the cell
+-- difference is reproduced or contradicted, except `bounded` (equivalence, decided with an
+-- interval rather than a large p: reproduced when every comparison's interval lies inside the
+-- bound; a change beyond it is contradicted only when significant) and `largest_share` (a
+-- count over runs, no test).  The rules, with a the cell
 -- under test and b its reference, r = median(a) / median(b), significant = cmp.significant,
 -- worse / better by the metric (throughput and accuracy larger is better, the rest smaller):
 --   proportional     a = largest x > 0, b = smallest: a larger and |r / (x_a / x_b) - 1| <= tolerance
@@ -21,9 +22,18 @@
 --                    the configuration), b = the best cell with x <= it: a worse
 --   spread           a = worst median, b = best: a worse and max(r, 1/r) >= at_least
 --   bounded          b = the ref value of x (default: the parameter's default), else the
---                    smallest: every other value's median within at_most (percentage points
---                    for accuracy, a relative change otherwise); beyond it and significant:
---                    contradicted, beyond it and not: not significant
+--                    smallest; against it every other value a: reproduced when, for every a,
+--                    the median is within at_most and the Hodges-Lehmann interval of the
+--                    change is a 95 % one (level >= 0.95) inside the bound: for accuracy the
+--                    difference a - b in percentage points (shift_ci) within ± at_most, else
+--                    the ratio a / b (compare_samples' ratio_low / ratio_high) within
+--                    1 ± at_most.  A median beyond the bound and significant: contradicted.
+--                    Anything else is undecided, 'not significant', and observed says why
+--                    ('interval 0.91–1.09 reaches beyond ±5.00 %: more runs needed'; no
+--                    interval with 1 run against 1 or a value <= 0; below 95 % with fewer
+--                    than 4 runs against 4).  The row shows the deciding comparison: a
+--                    contradicting one, else an undecided one (medians beyond the bound
+--                    first), else the largest change
 --   option           a = x = value, b = x = ref: the change in the expected direction
 --                    ('differs': either), and with `about` | |r - 1| - about | <= tolerance
 --   largest_share    the kind's summed forward + backward time is the largest kind's in every
@@ -36,7 +46,11 @@
 -- percentage points for accuracy; largest_share: the kind's median share).  ratio = median a /
 -- median b of the compared cells (pair and bounded checks), ratio_low / ratio_high / ratio_level
 -- its Hodges-Lehmann interval (compare_samples), shown in observed as '0.60× (0.59–0.62)'
--- (fmt_cmp_ratio; spread and sublinear as the ratio they show, inverted where it is).
+-- (fmt_cmp_ratio; spread and sublinear as the ratio they show, inverted where it is; bounded
+-- accuracy as the difference with its interval, '-0.25 pp (-0.90 to +0.40)', fmt_pp_ci).
+-- test: compare_samples' test, or for a bounded row decided by its intervals the interval
+-- check in words with its level ('Hodges–Lehmann 97 % interval of the ratio within the
+-- bound for every other value of threads (2) against 1 thread').
 -- Adaptive repeats: a cell with runs of an adaptive sweep (cell_cache.design_level) is compared
 -- at its design's nominal level (the smaller of the two cells'), and test says so
 -- ('mann-whitney exact at p <= 0.0179 (adaptive repeats)'; runner/planning/sequential.py).
@@ -228,47 +242,95 @@ bdev AS (
     SELECT p.study, p.finding, p.config, p.metric, p.xk, p.at_most, r.b, r.npts, p.pt AS a,
         CASE WHEN p.metric = 'accuracy' THEN (p.med - r.b.med) * 100
              ELSE p.med / nullif(r.b.med, 0) - 1 END AS dev,
-        compare_samples(p.vals, r.b.vals, level := least(p.pt.lvl, r.b.lvl)) AS cmp
+        compare_samples(p.vals, r.b.vals, level := least(p.pt.lvl, r.b.lvl)) AS cmp,
+        CASE WHEN p.metric = 'accuracy' THEN shift_ci(p.vals, r.b.vals) END AS sh
     FROM pts AS p
     JOIN bref AS r USING (study, finding, config)
     WHERE p.check_kind = 'bounded' AND p.cell_id <> r.b.cell
 ),
+-- each comparison's Hodges-Lehmann interval in the bound's units (percentage points of the
+-- difference for accuracy, shift_ci; else the ratio, compare_samples) and where it lies:
+-- within_ci (inside the bound), inside (within_ci, a 95 % interval, the median within too)
+bint AS (
+    SELECT *,
+        coalesce(abs(dev) > at_most + 1e-9, true) AS exceeds,
+        coalesce(CASE WHEN metric = 'accuracy' THEN lo >= -at_most - 1e-9 AND hi <= at_most + 1e-9
+                      ELSE lo >= 1 - at_most - 1e-9 AND hi <= 1 + at_most + 1e-9 END, false) AS within_ci
+    FROM (
+        SELECT *,
+            CASE WHEN metric = 'accuracy' THEN sh.shift_low * 100 ELSE cmp.ratio_low END AS lo,
+            CASE WHEN metric = 'accuracy' THEN sh.shift_high * 100 ELSE cmp.ratio_high END AS hi,
+            CASE WHEN metric = 'accuracy' THEN sh.shift_level ELSE cmp.ratio_level END AS lvl,
+            coalesce(CASE WHEN metric = 'accuracy' THEN sh.shift_note ELSE cmp.ratio_note END,
+                     'no values to compare') AS note
+        FROM bdev
+    )
+),
+-- the comparison that decides: a significant change beyond the bound, else one whose interval
+-- is not inside it, else (all inside) the largest change
 bpick AS (
-    SELECT *, coalesce(abs(dev) > at_most + 1e-9, true) AS exceeds
-    FROM bdev
+    SELECT *,
+        within_ci AND NOT exceeds AND coalesce(lvl >= 0.95 - 1e-9, false) AS inside,
+        min(lvl) OVER w AS min_lvl, max(lvl) OVER w AS max_lvl
+    FROM bint
+    WINDOW w AS (PARTITION BY study, finding, config)
     QUALIFY row_number() OVER (PARTITION BY study, finding, config
-        ORDER BY coalesce(abs(dev) > at_most + 1e-9, true) AND coalesce(cmp.significant, false) DESC,
-                 coalesce(abs(dev) > at_most + 1e-9, true) DESC, abs(dev) DESC NULLS FIRST, a.cell) = 1
+        ORDER BY exceeds AND coalesce(cmp.significant, false) DESC,
+                 NOT (within_ci AND NOT exceeds AND coalesce(lvl >= 0.95 - 1e-9, false)) DESC,
+                 exceeds DESC, abs(dev) DESC NULLS FIRST, a.cell) = 1
 ),
 bounded_rows AS (
     SELECT r.study, r.finding, r.config,
         coalesce(p.a.cell, r.b.cell) AS cell_id, CASE WHEN p.a IS NOT NULL THEN r.b.cell END AS ref_cell_id,
         CASE WHEN p.a IS NULL THEN 'not enough data'
-             WHEN NOT p.exceeds THEN 'reproduced'
-             WHEN p.cmp.significant THEN 'contradicted'
+             WHEN p.exceeds AND coalesce(p.cmp.significant, false) THEN 'contradicted'
+             WHEN coalesce(p.inside, false) THEN 'reproduced'
              ELSE 'not significant' END AS verdict,
         CASE WHEN p.a IS NULL THEN 'fewer than two values of ' || f.xk || ' with ok runs (have: '
                                    || r.b.label || ')'
              ELSE 'largest change: ' || p.a.label || ': ' || fmt_metric(p.a.med, f.metric) || ' vs '
                   || r.b.label || ': ' || fmt_metric(r.b.med, f.metric) || ' ('
-                  || CASE WHEN f.metric = 'accuracy' THEN format('{:+.2f} pp', p.dev)
+                  || CASE WHEN f.metric = 'accuracy' THEN fmt_pp_ci(p.dev, p.lo, p.hi, p.lvl)
                           ELSE fmt_cmp_ratio(p.dev + 1, p.cmp, false) || ', '
                                || format('{:+.1f} %', p.dev * 100) END
                   || '); ' || r.npts || ' values of ' || f.xk
+                  || CASE WHEN (p.exceeds AND coalesce(p.cmp.significant, false)) OR coalesce(p.inside, false) THEN ''
+                          ELSE '; ' || CASE
+                              WHEN p.lo IS NULL OR p.hi IS NULL
+                                   THEN 'no interval (' || regexp_replace(p.note, ': no interval.*$', '') || ')'
+                              WHEN NOT p.within_ci THEN 'interval ' || p.span || p.at_level || ' reaches beyond ' || p.bound
+                              WHEN NOT p.exceeds THEN 'interval ' || p.span || ' within ' || p.bound
+                                                      || ', but at ' || format('{:.0f}', p.lvl * 100) || ' %, not 95 %'
+                              ELSE 'the median beyond ' || p.bound || ', not significant' END
+                               || ': more runs needed' END
         END AS observed,
         p.dev AS effect,
         CASE WHEN p.a IS NOT NULL THEN p.a.med / nullif(r.b.med, 0) END AS ratio,
         p.cmp.ratio_low AS ratio_low, p.cmp.ratio_high AS ratio_high, p.cmp.ratio_level AS ratio_level,
         p.cmp.p_value AS p_value,
-        CASE WHEN p.a IS NOT NULL AND NOT p.exceeds
-             THEN 'medians of ' || (r.npts - 1) || ' other values of ' || f.xk || ' against '
-                  || r.b.label || ', all within the bound (no test needed)'
-             ELSE p.cmp.test END AS test,
+        CASE WHEN p.a IS NULL THEN NULL
+             WHEN p.exceeds THEN p.cmp.test
+             WHEN coalesce(p.inside, false)
+             THEN 'Hodges–Lehmann ' || CASE WHEN p.max_lvl - p.min_lvl > 1e-9 THEN 'at least ' ELSE '' END
+                  || format('{:.0f}', p.min_lvl * 100) || ' % interval of the ' || p.what
+                  || ' within the bound for every other value of ' || f.xk || ' (' || (r.npts - 1)
+                  || ') against ' || r.b.label
+             ELSE 'Hodges–Lehmann ' || coalesce(format('{:.0f}', p.lvl * 100) || ' % ', '')
+                  || 'interval of the ' || p.what || ' against the bound' END AS test,
         coalesce(p.cmp.n, len(r.b.vals)) AS n,
         p.cmp.ref_n AS ref_n
     FROM bref AS r
     JOIN f USING (study, finding)
-    LEFT JOIN bpick AS p USING (study, finding, config)
+    LEFT JOIN (
+        SELECT *,
+            CASE WHEN metric = 'accuracy' THEN format('{:+.2f} to {:+.2f} pp', lo, hi)
+                 ELSE replace(fmt_ratio(lo), '×', '') || '–' || replace(fmt_ratio(hi), '×', '') END AS span,
+            CASE WHEN lvl < 0.95 THEN ' at ' || format('{:.0f}', lvl * 100) || ' %' ELSE '' END AS at_level,
+            '±' || CASE WHEN metric = 'accuracy' THEN fmt_num(at_most) || ' pp'
+                        ELSE fmt_num(at_most * 100) || ' %' END AS bound,
+            CASE WHEN metric = 'accuracy' THEN 'difference' ELSE 'ratio' END AS what
+        FROM bpick
+    ) AS p USING (study, finding, config)
 ),
 -- largest_share: per ok run with a layer profile, each kind's summed forward + backward time
 layer_runs AS (
