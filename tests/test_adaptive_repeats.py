@@ -256,3 +256,58 @@ def test_a_hostile_level_in_a_bundle_cannot_make_a_comparison_easier(tmp_path: P
     for bad in ({"level": 0.9}, {"level": 0}, {"level": -1}, {"level": "0.01"}, {"level": True},
                 {"level": float("nan")}, {"level": None}, [], "0.01", None, {}):
         assert _design_level(bad) is None, bad
+
+
+# -- matrun plan: the range, the estimate, --detect -------------------------------------------
+
+
+def _plan(path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([MATRUN, "plan", str(path), *args], capture_output=True, text=True,
+                          env={**os.environ, **NO_ENGINE, "COLUMNS": "200"}, timeout=120)
+
+
+def test_plan_says_an_adaptive_designs_range_and_level(tmp_path: Path) -> None:
+    done = _plan(write(tmp_path, "repeats = 2"), "--repeats", "4..8", "--max-time", "900")
+    assert done.returncode == 0, done.stderr
+    assert "2 cells × 4–8 repeats (adaptive)" in done.stdout
+    assert (f"adaptive repeats: 4 to 8 per cell, each look at p <= {design(4, 8).level:.4f}" in done.stdout
+            and "at most 16 runs (8 beyond the first 4)" in done.stdout
+            and "no round starts after 900 s of the sweep" in done.stdout)
+
+
+def test_plan_warns_when_a_study_can_never_be_decided(tmp_path: Path) -> None:
+    done = _plan(write(tmp_path, "repeats = 3"))
+    assert done.returncode == 0
+    assert ("warning: study adaptive: with 3 repeats no verdict can ever be significant (3 against 3 runs cannot "
+            "reach p < 0.05)") in done.stderr
+    assert "warning" not in _plan(write(tmp_path, "repeats = 4")).stderr
+    refused = _plan(write(tmp_path, "repeats = { min = 2, max = 3 }"))
+    assert refused.returncode == 2 and "[sweep -> repeats -> max] no verdict can be decided with at most 3" in refused.stderr
+    refused = _plan(write(tmp_path, "repeats = 4"), "--repeats", "2..3")
+    assert refused.returncode == 2 and refused.stderr.startswith("Error: --repeats: no verdict can be decided")
+
+
+@pytest.mark.parametrize("value", ["1", "0.5", "-1", "nan", "inf", "1000"])
+def test_a_bad_detect_is_an_error_line(tmp_path: Path, value: str) -> None:
+    done = _plan(write(tmp_path, "repeats = 4"), "--detect", value)
+    assert done.returncode == 2 and done.stderr.startswith("Error: --detect: expected an effect")
+    assert "Traceback" not in done.stderr
+
+
+def test_detect_reads_this_hosts_noise_from_the_warehouse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake runs' throughputs (SERIES) have a CV of 8.9 % (1 thread) and 1.1 % (2 threads):
+    at 1.1x the noisy cell's 4 repeats have little power and the plan says how many would do."""
+    path = write(tmp_path, "repeats = 4")
+    nothing = _plan(path, "--detect", "1.1")
+    assert "no throughput of this host yet" in nothing.stderr and nothing.returncode == 0
+    _sweep(monkeypatch, path)
+    done = _plan(path, "--detect", "1.1")
+    assert done.returncode == 0, done.stderr
+    assert "--detect 1.1: power of 4 repeats at this host's measured noise" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if "%" in line and "│" in line]
+    assert len(rows) == 2  # two CVs, one cell each
+    assert "warning: --detect 1.1: 4 repeats cannot reach 80% power for 1 of 2 cells" in done.stderr
+    from matrun.runner.planning.sequential import repeats_needed, simulate
+
+    assert simulate(design(4, 4), 2.0, 0.02, draws=500).power > 0.99  # a large effect on quiet runs
+    assert repeats_needed(1.1, 0.2, draws=400) > repeats_needed(1.1, 0.05, draws=400)  # noise costs repeats

@@ -23,6 +23,7 @@ from matrun.runner.cli.progress import SweepDisplay
 from matrun.runner.planning.matrix import load_matrix, repeats_option
 from matrun.runner.planning.overrides import parse_overrides, spelled
 from matrun.runner.planning.overview import plan_rows, status_rows
+from matrun.runner.planning.power import check_detect
 from matrun.runner.slurm.jobs import cell_progress
 from matrun.runner.slurm.loop import cancel_sweep
 from matrun.runner.sweep.records import SweepStopped, SweepSummary
@@ -35,13 +36,24 @@ def plan(
     profile: ProfileOpt = None,
     where: WhereOpt = [],
     sets: SetOpt = [],
+    repeats: Annotated[Optional[str], typer.Option("--repeats", help="N repeats per cell, or MIN..MAX (adaptive "
+        "repeats) instead of \\[sweep] repeats.")] = None,
+    max_time: Annotated[Optional[float], typer.Option("--max-time", help="Adaptive repeats' time budget in "
+        "seconds (instead of \\[sweep] repeats.max_time).")] = None,
+    detect: Annotated[Optional[float], typer.Option("--detect", help="An effect to detect, as a ratio of "
+        "throughputs (1.1: 10 %): the power of this sweep's repeats at this host's measured noise, and the "
+        "repeats a fixed design needs for 80 % power.")] = None,
 ) -> None:
     """Show the cells of a matrix: parameters that vary, id, repeats done, time estimate."""
     overrides = parse_overrides(sets)
-    rows, footer = plan_rows(matrix_path=matrix, where=where, profile=profile, overrides=overrides)
+    repeat_fields = repeats_option(repeats, max_time)
+    rows, footer = plan_rows(matrix_path=matrix, where=where, profile=profile, overrides=overrides,
+                             repeats=repeat_fields, detect=check_detect(detect))
     shown = " ".join([str(matrix), *(["--profile", profile] if profile else []),
                       *([spelled(overrides)] if overrides else [])])
-    table = Table(title=f"{shown}: {footer['cells']} cells × {footer['repeats']} repeats", show_lines=False)
+    how_many = (f"{footer['repeats']}–{footer['repeats_max']} repeats (adaptive)" if footer["repeats_max"]
+                else f"{footer['repeats']} repeats")
+    table = Table(title=f"{shown}: {footer['cells']} cells × {how_many}", show_lines=False)
     for col in ("cell", *footer["varying"], "env", "done", "estimate"):
         table.add_column(col)
     for row in rows:
@@ -55,6 +67,28 @@ def plan(
     else:
         rest = "estimated time for the rest: unknown (no earlier runs)"
     typer.echo(f"{footer['runs']} runs: {footer['done']} done, {footer['todo']} to run; {rest}")
+    if footer["repeats_max"]:
+        more = (f", up to {duration_text(footer['estimate_max_s'])} more" if footer.get("estimate_max_s") else "")
+        budget = (f"; no round starts after {footer['max_time']:g} s of the sweep" if footer["max_time"] else "")
+        typer.echo(f"adaptive repeats: {footer['repeats']} to {footer['repeats_max']} per cell, each look at p <= "
+                   f"{footer['level']:.4f}: after {footer['repeats']}, one more repeat per round only for the cells "
+                   f"of an undecided finding or advise verdict; at most {footer['runs_max']} runs "
+                   f"({footer['todo_max']} beyond the first {footer['repeats']}{more}){budget}")
+    if "detect" in footer:
+        if not footer["power"]:
+            typer.echo(f"--detect {footer['detect']:g}: the warehouse has no throughput of this host yet to measure "
+                       "its noise; run a few repeats first", err=True)
+        if footer["power"]:
+            power = Table(title=f"--detect {footer['detect']:g}: power of {how_many} at this host's measured noise "
+                                "(throughput CV of each cell, else of cells like it)")
+            for col in ("CV", "cells", "power", "repeats on average", "fixed repeats for 80 %"):
+                power.add_column(col, justify="right")
+            for line in footer["power"]:
+                power.add_row(f"{line.cv:.0%}", str(line.cells), f"{line.power:.0%}", f"{line.mean_repeats:.1f}",
+                              str(line.fixed_needed) if line.fixed_needed else "over 100")
+            out.print(power)
+    for line in footer["warnings"]:
+        typer.echo(f"warning: {line}", err=True)
     if footer["busy_reruns"]:
         typer.echo(f"busy runs: a repeat whose run starts on a busy machine runs again, up to {footer['busy_reruns']} "
                    "time(s) ([sweep] rerun_busy, busy_reruns; local and docker executors)")

@@ -657,6 +657,9 @@ def repeats_option(text: str | None, max_time: float | None = None) -> dict[str,
             raise InputError(f"--repeats: adaptive repeats go from 1 to {MAX_ADAPTIVE}, got {lo}..{hi}")
         elif lo > hi:
             raise InputError(f"--repeats: min ({lo}) is more than max ({hi})")
+        elif lo < hi < 4:
+            raise InputError(f"--repeats: no verdict can be decided with at most {hi} repeats ({hi} against {hi} "
+                             "runs cannot reach p < 0.05); give max at least 4")
         out.update(repeats=lo, repeats_max=hi if hi > lo else None)
     if max_time is not None:
         try:
@@ -684,6 +687,10 @@ def _parse_adaptive(value: dict[str, Any], errors: _Errors) -> dict[str, Any]:
             out[key] = v
     if "min" in out and "max" in out and out["min"] > out["max"]:
         errors.add(where, f"min ({out['min']}) is more than max ({out['max']})")
+        return {}
+    if "min" in out and "max" in out and out["max"] > out["min"] and out["max"] < 4:
+        errors.add((*where, "max"), f"no verdict can be decided with at most {out['max']} repeats ({out['max']} "
+                                    f"against {out['max']} runs cannot reach p < 0.05); give max at least 4")
         return {}
     budget = None
     if "max_time" in value:
