@@ -162,7 +162,7 @@ class FakeTraining(LocalExecutor):
 
     def run(self, request: RunRequest) -> RunOutcome:
         spec = json.loads((request.run_dir / "spec.json").read_text(encoding="utf-8"))
-        value = SERIES[str(spec["params"]["threads"])][spec["repeat"]]
+        value = sys.modules[__name__].SERIES[str(spec["params"]["threads"])][spec["repeat"]]
         scratch = request.run_dir.parent / f".scratch-{spec['repeat']}-{spec['attempt']}"
         made = make_bundle(scratch, sweep="s", cell_id=spec["cell_id"], params=dict(spec["params"]),
                            throughput=value, with_result=False)
@@ -311,3 +311,30 @@ def test_detect_reads_this_hosts_noise_from_the_warehouse(tmp_path: Path, monkey
 
     assert simulate(design(4, 4), 2.0, 0.02, draws=500).power > 0.99  # a large effect on quiet runs
     assert repeats_needed(1.1, 0.2, draws=400) > repeats_needed(1.1, 0.05, draws=400)  # noise costs repeats
+
+
+def test_a_futile_verdict_gets_no_more_repeats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 threads as fast as 1 (within a few %): after 6 repeats the ratio's interval says 12
+    cannot be expected to decide it (sequential.futile), so the sweep stops there, undecided."""
+    same = {"1": [100.0, 103.0, 97.0, 101.0, 99.0, 102.0, 98.0, 100.5, 99.5, 101.5, 98.5, 100.2],
+            "2": [101.0, 98.0, 102.0, 99.0, 100.0, 97.5, 103.0, 99.2, 100.8, 98.8, 101.2, 100.1]}
+    monkeypatch.setattr(sys.modules[__name__], "SERIES", same)
+    path = write(tmp_path, "repeats = { min = 4, max = 12 }")
+    summary, events = _sweep(monkeypatch, path)
+    assert len(_runs(path)) == 12 and summary.undecided == 1  # 6 repeats each, not 12
+    assert any("no more repeats for finding more" in e and "after 6" in e for e in events)
+    assert _finding(path)["verdict"] == "not significant"
+
+
+def test_futility_is_judged_from_the_interval() -> None:
+    from matrun.runner.planning.sequential import FUTILITY_FROM, futile, ratio_interval
+
+    level = design(4, 12).level
+    assert not futile(0.99, 1.41, 6, 12, level)  # a 1.2x effect, a wide interval: keep going
+    assert futile(0.95, 1.06, 6, 12, level)  # about no difference, a narrow interval: futile
+    assert not futile(0.95, 1.06, FUTILITY_FROM - 1, 12, level)  # too early to judge
+    assert not futile(0.95, 1.06, 12, 12, level) and not futile(None, None, 8, 12, level)
+    assert not futile(0.0, 1.06, 8, 12, level) and not futile(1.2, 1.1, 8, 12, level)  # no usable interval
+    low, high = ratio_interval([2.0, 2.1, 2.2, 2.3], [1.0, 1.1, 1.2, 1.3])  # 4 vs 4: k = 1, the full range
+    assert (low, high) == (pytest.approx(2.0 / 1.3), pytest.approx(2.3 / 1.0))
+    assert ratio_interval([1.0, -1.0], [1.0]) is None and ratio_interval([], [1.0]) is None

@@ -276,10 +276,10 @@ def test_mann_whitney_exact_small_cases(study: Path) -> None:
         "n": 4, "ref_n": 4, "u": 0.0, "p_value": pytest.approx(2 / 70), "test": "mann-whitney exact",
         "significant": True, "direction": -1, "intervals_overlap": False, "level": 0.05}
     # at an adaptive design's level (runner/planning/sequential.py) 4 vs 4 cannot decide:
-    # p = 2/70 = 0.0286 > 0.0179; 5 vs 5 separated (p = 2/252) can; p equal to the level decides
-    r = one(study, "compare_samples([1, 2, 3, 4]::DOUBLE[], [5, 6, 7, 8]::DOUBLE[], level := 0.0179)")
-    assert (r["significant"], r["level"]) == (False, 0.0179)
-    r = one(study, "compare_samples([1, 2, 3, 4, 5]::DOUBLE[], [6, 7, 8, 9, 10]::DOUBLE[], level := 0.0179)")
+    # p = 2/70 = 0.0286 > 0.0175; 5 vs 5 separated (p = 2/252) can; p equal to the level decides
+    r = one(study, "compare_samples([1, 2, 3, 4]::DOUBLE[], [5, 6, 7, 8]::DOUBLE[], level := 0.0175)")
+    assert (r["significant"], r["level"]) == (False, 0.0175)
+    r = one(study, "compare_samples([1, 2, 3, 4, 5]::DOUBLE[], [6, 7, 8, 9, 10]::DOUBLE[], level := 0.0175)")
     assert (r["p_value"], r["significant"]) == (pytest.approx(2 / 252), True)
     r = one(study, f"compare_samples([1, 2, 3, 4]::DOUBLE[], [5, 6, 7, 8]::DOUBLE[], level := {2 / 70!r})")
     assert r["significant"] is True

@@ -155,7 +155,8 @@ def design(lo: int, hi: int, alpha: float = ALPHA, draws: int = DRAWS, seed: int
     if lo == hi:
         return Design(lo, hi, alpha, alpha)
     smallest = sorted(min(abs(p) for p in ps) for ps in _paths(lo, hi, draws, seed))
-    candidates = sorted({p for k in range(lo, hi + 1) for p in _p_table(k, k) if p <= alpha + 1e-12})
+    # the p-values the looks can give (U a whole number: no ties)
+    candidates = sorted({p for k in range(lo, hi + 1) for p in _p_table(k, k)[::2] if p <= alpha + 1e-12})
     level, fpr = 0.0, 0.0
     for c in candidates:  # the share of draws whose smallest p is <= c, rising with c
         share = bisect.bisect_right(smallest, c + 1e-12) / draws
@@ -212,3 +213,69 @@ def repeats_needed(ratio: float, cv: float, target: float = 0.8, ceiling: int = 
         else:
             lo = mid + 1
     return lo
+
+
+#: Futility: an undecided comparison whose projected power at ``max`` is below this gets no
+#: more repeats (non-binding: stopping early for futility can only lower the false-positive
+#: rate; it costs some power, measured in benchmarks/sequential_error.py).
+FUTILITY = 0.2
+#: Futility is judged from this many repeats a side on (a 4-against-4 interval is the full range
+#: of the pairwise ratios, too wide to say much).
+FUTILITY_FROM = 6
+
+
+def _k_interval(m: int, n: int) -> int:
+    """The rank k of the Hodges-Lehmann interval of m against n values (the warehouse's
+    ratio_ci_rank): the largest k with P(U <= k-1) <= 0.025, exact up to 16 values."""
+    if m + n <= EXACT_TOTAL:
+        counts = _u_counts(m, n)
+        total = sum(counts)
+        k, below = 1, 0
+        for u, c in enumerate(counts):  # P(U <= u) for u = 0, 1, ...
+            below += c
+            if below / total <= 0.025:
+                k = u + 1
+            else:
+                break
+        return k
+    sigma = math.sqrt(m * n * (m + n + 1) / 12.0)
+    return max(1, math.floor(m * n / 2.0 + 0.5 - 1.959964 * sigma))
+
+
+def ratio_interval(x: list[float], ref: list[float]) -> tuple[float, float] | None:
+    """The Hodges-Lehmann interval of the ratio x / ref on the log scale (as ratio_ci): None
+    without positive values on both sides."""
+    if not x or not ref or any(v <= 0 for v in [*x, *ref]):
+        return None
+    d = sorted(math.log(a) - math.log(b) for a in x for b in ref)
+    k = _k_interval(len(x), len(ref))
+    return math.exp(d[k - 1]), math.exp(d[len(d) - k])
+
+
+def futile(low: float | None, high: float | None, n: int, hi: int, level: float) -> bool:
+    """Whether a comparison undecided after ``n`` repeats a side, with the ratio interval
+    [``low``, ``high``] (about 95 %), cannot be expected to decide by ``hi`` repeats: its power
+    at ``hi``, projected from the interval's centre and width (the standard error shrinking as
+    1/sqrt(n)), is below FUTILITY.  Never before FUTILITY_FROM repeats or without an interval."""
+    if n < FUTILITY_FROM or n >= hi or low is None or high is None or not 0 < low <= high:
+        return False
+    half = (math.log(high) - math.log(low)) / 2
+    if half <= 0:
+        return False
+    centre = abs(math.log(high) + math.log(low)) / 2
+    se_at_max = half / 1.959964 * math.sqrt(n / hi)
+    z_level = _normal_quantile(1 - level / 2)
+    power = 0.5 * math.erfc(-(centre / se_at_max - z_level) / math.sqrt(2))
+    return power < FUTILITY
+
+
+def _normal_quantile(p: float) -> float:
+    """The standard normal quantile (bisection on erfc; a plan-time helper, not a hot path)."""
+    lo, hi = -10.0, 10.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if 0.5 * math.erfc(-mid / math.sqrt(2)) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2

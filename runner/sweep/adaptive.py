@@ -47,6 +47,10 @@ class Undecided:
     low: float | None
     high: float | None
 
+    @property
+    def key(self) -> str:
+        return f"{self.what} {' '.join(self.cells)}"
+
 
 def undecided(warehouse: Path, study: str | None, cells: set[str]) -> list[Undecided]:
     """The undecided verdicts with a cell among ``cells`` (read-only; [] when the warehouse

@@ -50,6 +50,7 @@ from matrun.runner.sweep.records import (
     INGEST_WAIT_S, IngestQueue, RunClaim, SubmitClaim, SweepEvent, SweepStopped, SweepSummary, host_info, ingest_quietly, ok_runs_on_disk,
     path_error, prepare_run, sweep_lock, with_state, write_result,
 )
+from matrun.runner.planning.sequential import FUTILITY, futile
 from matrun.runner.sweep.adaptive import describe, design_record, sweep_design, undecided
 from matrun.runner.sweep.busy import busy_reasons, rerun_limit, run_until_clean
 from matrun.runner.sweep.canary import SLURM_REFUSAL, Canary, reference_cell, schedule
@@ -313,10 +314,24 @@ def _adaptive_rounds(runner: SyncExecutor, matrix: Matrix, cells: Sequence[Plann
     d = sweep_design(matrix)
     assert d is not None
     ids = {pc.cell_id for pc in cells}
+    given_up: dict[str, Any] = {}  # futile verdicts: no more repeats for them (sequential.futile)
     for repeat in range(d.min, d.max):
         queue.flush()  # the verdicts see every run so far
         open_ = undecided(matrix.sweep.warehouse, matrix.study.id if matrix.study else None, ids)
+        for u in open_:
+            if u.key not in given_up and futile(u.low, u.high, repeat, d.max, d.level):
+                given_up[u.key] = u
+                emit(SweepEvent("message", f"adaptive repeats: no more repeats for {describe([u])} after {repeat}: "
+                                           f"its projected power at {d.max} repeats is below {FUTILITY:.0%} "
+                                           "(it stays undecided)"))
+        futile_now = [u for u in open_ if u.key in given_up]
+        open_ = [u for u in open_ if u.key not in given_up]
         if not open_:
+            summary.undecided = len(futile_now)
+            if futile_now:
+                emit(SweepEvent("message", f"adaptive repeats: every other verdict is decided after {repeat} "
+                                           f"repeats; {len(futile_now)} left undecided as futile"))
+                return
             emit(SweepEvent("message", f"adaptive repeats: every verdict is decided after {repeat} repeats "
                                        f"(each look at p <= {d.level:.4f})"))
             return
@@ -343,7 +358,7 @@ def _adaptive_rounds(runner: SyncExecutor, matrix: Matrix, cells: Sequence[Plann
             _run_claimed(runner, matrix, pc, r, claim, done, data_dir, host, force, summary, emit, queue, watch=watch)
     queue.flush()
     left = undecided(matrix.sweep.warehouse, matrix.study.id if matrix.study else None, ids)
-    summary.undecided = len(left)
+    summary.undecided = len(left)  # (the futile ones among them too)
     if left:
         emit(SweepEvent("message", f"adaptive repeats: max ({d.max}) reached; still undecided: {describe(left)}"))
     else:

@@ -53,7 +53,7 @@
 -- bound for every other value of threads (2) against 1 thread').
 -- Adaptive repeats: a cell with runs of an adaptive sweep (cell_cache.design_level) is compared
 -- at its design's nominal level (the smaller of the two cells'), and test says so
--- ('mann-whitney exact at p <= 0.0179 (adaptive repeats)'; runner/planning/sequential.py).
+-- ('mann-whitney exact at p <= 0.0175 (adaptive repeats)'; runner/planning/sequential.py).
 -- busy_set_aside: the ok runs of the row's cell and reference cell that started on a busy
 -- machine and that their statistics leave out (a clean run of the same repeat exists:
 -- cell_facts_live); observed ends with '; 2 busy runs set aside' when there are any.
