@@ -188,7 +188,7 @@ def simulate(d: Design, ratio: float, cv: float, draws: int = 4000, seed: int = 
     for ps in _paths(d.min, d.max, draws, seed, ratio=ratio, sigma=sigma):
         for i, p in enumerate(ps):
             if abs(p) <= d.level + 1e-12:
-                if (p > 0) == (ratio >= 1):
+                if (math.copysign(1.0, p) > 0) == (ratio >= 1):  # (a p of 0 keeps its sign: -0.0)
                     right += 1
                 else:
                     wrong += 1
