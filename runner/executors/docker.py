@@ -26,7 +26,7 @@ Faults (docs/EXECUTORS.md "Faults"):
   restore) and the run is recorded as it ended, with a note.  Still silent: the run is failed
   and ``RunAborted`` stops the sweep.  A stopping engine first kills its containers, and may
   answer that wait: a cell killed by SIGTERM / SIGKILL that matrun did not send is followed by
-  a few seconds' watch of the engine (``_watch_aftermath``).
+  a 10 s watch of the engine (``_watch_aftermath``; not after an OOM kill).
 - ``kill -9`` of the sweep: the container's stdin is the cell's lease (``StdinLease``, attached
   before the start, ``OpenStdin`` + ``StdinOnce``): when this process dies the engine closes it
   and the harness stops the cell (runner/harness/lease.py).  Every container carries
@@ -83,8 +83,9 @@ ENGINE_GRACE_S = 30.0
 #: engine answers a few last requests).
 _STEADY_S = 1.0
 #: How long the engine is watched after a cell killed by a signal matrun did not send: an engine
-#: that stops or restarts kills its containers first, then stops answering.
-_AFTERMATH_S = 3.0
+#: that stops or restarts kills its containers first, then stops answering (measured: about 1 s
+#: later on an idle 2-core host, 3 s and more while it is busy; one CI run lost the note at 3 s).
+_AFTERMATH_S = 10.0
 OWNER_LABEL = "matrun.owner"
 RUN_DIR_LABEL = "matrun.run_dir"
 ROLE_LABEL = "matrun.role"
@@ -534,13 +535,17 @@ class DockerExecutor(SyncExecutor):
                                   EnergyMonitor(run_dir / GPU, params)).start()
             exit_code, timed_out = self._wait(container, request.timeout)
             aggregates = monitor.stop()
-            if exit_code in (128 + 9, 128 + 15) and not timed_out and not self._gaps:
-                self._watch_aftermath()  # killed by the engine on its way down?
             try:
                 self._ask(container.reload)
             except docker.errors.NotFound:  # `docker rm -f`: killed, then removed
                 raise _ContainerGone() from None
             oom = bool(container.attrs["State"].get("OOMKilled"))
+            if exit_code in (128 + 9, 128 + 15) and not (timed_out or oom or self._gaps):
+                self._watch_aftermath()  # killed by the engine on its way down?
+                try:
+                    self._ask(container.reload)
+                except docker.errors.NotFound:
+                    raise _ContainerGone() from None
             save_logs(container, run_dir)
         except _EngineSilent:
             when = "mid-cell" if monitor is not None else "as the cell's container was created"
