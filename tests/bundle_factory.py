@@ -67,12 +67,14 @@ def make_bundle(
     with_result: bool = True,
     error_tail: str = "",
     wall_seconds: float = 30.0,
+    summary_extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write one complete bundle and return its directory.
 
     ``monitor`` rows are (t, cpu_user, cpu_system, iowait, rss_bytes).  ``layers`` are
     layer records (name, kind, forward_seconds, backward_seconds, …) in network order.  ``throughput``
     defaults to the median over the timed steps of images/seconds, as the harness computes.
+    ``summary_extra``: more fields of the summary record (a language model's, compilation).
     The summary's train time is the sum of the epochs' ``epoch_seconds``; its accuracy the
     last epoch's ``test_accuracy``.
     """
@@ -121,6 +123,7 @@ def make_bundle(
             "timed_steps": max(0, len(step_seconds) - warmup_steps),
             "warmup_steps": min(warmup_steps, len(step_seconds)),
             "diverged": False,
+            **(summary_extra or {}),
         })
         records.append({"type": "end", "t": 1_790_000_100.0})
     write_jsonl(run_dir / EVENTS, {"harness_version": "1", "t": 1_790_000_000.0}, records)

@@ -627,7 +627,7 @@ def test_damaged_cifar_archives_leave_nothing_behind(tmp_path: Path, damage: str
 
 
 def test_bad_input_is_an_input_error(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match=r"^unknown dataset 'imagenet' \(expected one of fashion-mnist, mnist, cifar10\)$"):
+    with pytest.raises(InputError, match=r"^unknown dataset 'imagenet' \(expected one of fashion-mnist, mnist, cifar10, fortunes\)$"):
         datasets.import_dataset(name="imagenet", source=tmp_path, data_dir=tmp_path / "d")
     with pytest.raises(InputError, match="synthetic data is generated, it needs no import"):
         datasets.import_dataset(name="synthetic", source=tmp_path, data_dir=tmp_path / "d")

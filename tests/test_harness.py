@@ -613,9 +613,13 @@ def test_dataset_names_and_shapes_are_written_once() -> None:
     from matrun.runner.datasets import staging
     from matrun.runner.harness import spec
 
+    from matrun.runner.harness import text
+
     assert data.DATASETS == (*data.IDX_DATASETS, data.SYNTHETIC)
-    assert spec.PARAMS["dataset"].choices == data.DATASETS
-    assert staging.IMPORTABLE == tuple(data.IDX_DATASETS) == tuple(data.IDX_SHAPES)
+    assert spec.PARAMS["dataset"].choices == data.DATASETS + text.TEXT_DATASETS  # images, then token data
+    assert tuple(data.IDX_DATASETS) == tuple(data.IDX_SHAPES)
+    assert staging.IMPORTABLE == (*data.IDX_DATASETS, text.FORTUNES)  # the generated ones need no import
+    assert data.GENERATED == {data.SYNTHETIC, text.SYNTHETIC_TEXT}
     assert spec.input_shape({"dataset": "cifar10"}) == data.IDX_SHAPES["cifar10"] == (3, 32, 32)
 
 
@@ -659,7 +663,7 @@ def test_spec_as_the_host_writes_it_is_accepted(tmp_path: Path) -> None:
     ({"layer_profile": 1}, "[params -> layer_profile] expected true or false, got 1"),
     ({"optimizer": "lbfgs"}, '[params -> optimizer] expected one of "sgd", "adam", "adadelta", "rmsprop", got "lbfgs"'),
     ({"model": "vgg16"}, '[params -> model] expected one of "lenet5", "cifar_cnn", "alexnet", "resnet18", '
-                         '"resnet50", got "vgg16"'),
+                         '"resnet50", "gpt-tiny", "gpt2-small", "vit-tiny", "vit-b16", got "vgg16"'),
     ({"model": "resnet18", "synthetic_shape": [3, 32, 32], "layer_profile": True},
      "[params -> layer_profile] needs a sequential network (lenet5, cifar_cnn, alexnet), not resnet18"),
     ({"model": "alexnet", "dataset": "fashion-mnist"},

@@ -456,7 +456,7 @@ HOSTILE_MATRICES = [
      "matrix.toml: [axes -> " + "k" * 57 + "...] unknown parameter; known: "),
     ("unicode", '[fixed]\nmodel = "lénet5 ☃"\n',
      'matrix.toml: [fixed -> model] expected one of "lenet5", "cifar_cnn", "alexnet", "resnet18", '
-     '"resnet50", got "lénet5 ☃"'),
+     '"resnet50", "gpt-tiny", "gpt2-small", "vit-tiny", "vit-b16", got "lénet5 ☃"'),
     ("an escape sequence for the terminal", '[sweep]\nname = "\\u001b[31mred"\n',
      "matrix.toml: [sweep -> name] expected a name of letters, digits, '.', '_' or '-' (at most 64, "
      "not starting with '.' or '-'), got \"\\x1b[31mred\""),

@@ -151,7 +151,7 @@ BAD = [
      "narrow the axes or raise [sweep] max_cells"),
     ("shell metacharacters in a choice", '[fixed]\nmodel = "lenet5; rm -rf ~"\n',
      'matrix.toml: [fixed -> model] expected one of "lenet5", "cifar_cnn", "alexnet", "resnet18", "resnet50", '
-     'got "lenet5; rm -rf ~"'),
+     '"gpt-tiny", "gpt2-small", "vit-tiny", "vit-b16", got "lenet5; rm -rf ~"'),
     ("shell metacharacters in a cpuset", '[fixed]\ncpuset = "0-1 $(touch /tmp/pwned)"\n',
      'matrix.toml: [fixed -> cpuset] expected a CPU list such as "0-3,6" (or "" for no pinning), '
      'got "0-1 $(touch /tmp/pwned)"'),
@@ -199,7 +199,7 @@ BAD = [
      "matrix.toml: [fixed] warmup_steps = 5 leaves no timed steps"),
     ("bad include", "[[include]]\ndataset = \"imagenet\"\n",
      'matrix.toml: [include -> 0 -> dataset] expected one of "fashion-mnist", "mnist", "cifar10", "synthetic", '
-     'got "imagenet"'),
+     '"synthetic-text", "fortunes", got "imagenet"'),
     ("synthetic shape", "[fixed]\ndataset = \"synthetic\"\nsynthetic_shape = [1, 28]\n",
      "matrix.toml: [fixed -> synthetic_shape] expected [channels, height, width], three integers from 1 to 4096, got [1, 28]"),
     ("section of the wrong type", "fixed = 3\n",
@@ -395,7 +395,8 @@ def test_the_hosts_registry_is_the_harness_declaration():
     assert PARAMS["framework"].choices == tuple(frameworks())
     assert PARAMS["framework"].default == default_framework() == "torch"
     assert spec.PARAMS["framework"].default == ""
-    assert spec.PARAMS["dataset"].choices == ("fashion-mnist", "mnist", "cifar10", "synthetic")
+    assert spec.PARAMS["dataset"].choices == ("fashion-mnist", "mnist", "cifar10", "synthetic", "synthetic-text",
+                                              "fortunes")
 
 
 def test_the_host_nulls_exactly_the_unused_keys():
@@ -414,11 +415,12 @@ def test_unused_keys_follow_the_cell(tmp_path):
     text = ('[fixed]\ndataset = "synthetic"\n[[include]]\nmode = "inference"\n'
             '[[include]]\noptimizer = "adam"\niterations = 50\n[[include]]\nframework = "mxnet"\n')
     base, inference, adam, mxnet = load_matrix(write(tmp_path, text)).cells
-    assert {k for k, v in base.values.items() if v is None} == {"gpus", "kvstore"}
+    cnn = {"seq_len", "synthetic_vocab"}  # the language models' keys
+    assert {k for k, v in base.values.items() if v is None} == {"gpus", "kvstore"} | cnn
     assert {k for k, v in inference.values.items() if v is None} == {
-        "optimizer", "lr", "momentum", "weight_decay", "epochs", "gpus", "kvstore"}
-    assert {k for k, v in adam.values.items() if v is None} == {"momentum", "epochs", "gpus", "kvstore"}
-    assert {k for k, v in mxnet.values.items() if v is None} == {"gpus"}
+        "optimizer", "lr", "momentum", "weight_decay", "epochs", "gpus", "kvstore"} | cnn
+    assert {k for k, v in adam.values.items() if v is None} == {"momentum", "epochs", "gpus", "kvstore"} | cnn
+    assert {k for k, v in mxnet.values.items() if v is None} == {"gpus"} | cnn
 
 
 def test_relative_paths_are_normalised(tmp_path):

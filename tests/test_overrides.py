@@ -310,7 +310,7 @@ def test_the_a4_study_on_a_site_python_is_the_study_edited_for_it(tmp_path: Path
     ({"foo": 1}, "--set foo: unknown parameter; known: framework"),
     ({"threads": [[[[[[[[[1]]]]]]]]]}, "--set threads: nests tables and arrays more than 8 deep"),
     ({"model": "$(touch pwned)"}, '--set model: expected one of "lenet5", "cifar_cnn", "alexnet", "resnet18", '
-                                  '"resnet50", got "$(touch pwned)"'),
+                                  '"resnet50", "gpt-tiny", "gpt2-small", "vit-tiny", "vit-b16", got "$(touch pwned)"'),
 ])
 def test_a_bad_value_is_refused_as_the_files_would_be(tmp_path: Path, overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(MatrixError) as err:

@@ -50,7 +50,8 @@ CONTRACT = {
                     "preset, seed, inference_seconds, peak_device_memory_bytes, onednn_primitives, "
                     "epochs_run, stopped_early, best_epoch, gpu_util_avg, gpu_mem_used_peak_bytes, "
                     "gpu_power_avg_w, gpu_energy_j, cpu_energy_j, images, gpu_j_per_image, cpu_j_per_image, "
-                    "j_per_image, gpu_throttled, gpu_throttle_reasons, busy_start, busy_reasons",
+                    "j_per_image, gpu_throttled, gpu_throttle_reasons, busy_start, busy_reasons, compile, attention, "
+                    "seq_len, tokens_per_second, test_loss, perplexity, compile_seconds, attention_kernel",
     "cell_status": "cell_id, repeat, attempts, max_attempt, last_status, ok",
     "cell_durations": "cell_id, runs, wall_seconds_median",
     "baseline": "sweep, cell_id, framework, variant, model, dataset, threads, batch_size, epochs, "
@@ -203,6 +204,8 @@ def test_run_overview_rows(study: Path) -> None:
         "gpu_util_avg": None, "gpu_mem_used_peak_bytes": None, "gpu_power_avg_w": None, "gpu_energy_j": None,
         "cpu_energy_j": None, "images": None, "gpu_j_per_image": None, "cpu_j_per_image": None, "j_per_image": None,
         "gpu_throttled": None, "gpu_throttle_reasons": None, "busy_start": None, "busy_reasons": None,
+        "compile": None, "attention": None, "seq_len": None, "tokens_per_second": None, "test_loss": None,
+        "perplexity": None, "compile_seconds": None, "attention_kernel": None,
     }
     assert rows[f"{A}/1-1"]["mismatches"] == ["threads: asked 2, in force 1"]
     failed = rows[f"{C}/0-1"]

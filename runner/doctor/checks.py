@@ -35,7 +35,7 @@ from matrun.runner.executors.gpu import cell_gpu_selectors, resolve_gpus
 from matrun.runner.executors.monitor_cgroup import CGROUP_ROOT, cgroup_version
 from matrun.runner.executors.protocol import Executor
 from matrun.runner.harness.cpusets import format_cpuset, parse_cpuset
-from matrun.runner.harness.datasets import SYNTHETIC
+from matrun.runner.harness.datasets import GENERATED
 from matrun.runner.planning.identity import PlannedCell
 from matrun.runner.planning.preflight import preflight_cpus, preflight_data
 from matrun.runner.slurm.settings import SlurmSettings
@@ -395,7 +395,7 @@ def _slurm_python(settings: SlurmSettings) -> list[Check]:
 
 def dataset_checks(cells: Sequence[PlannedCell], data_dir: Path) -> list[Check]:
     """Each dataset the cells read is staged in ``data_dir`` (``preflight_data``, per dataset)."""
-    names = sorted({pc.cell.values["dataset"] for pc in cells} - {SYNTHETIC})
+    names = sorted({pc.cell.values["dataset"] for pc in cells} - GENERATED)
     if not names:
         return [Check("data", OK, "the cells read synthetic data only: no files needed")]
     checks = []

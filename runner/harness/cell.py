@@ -9,6 +9,7 @@ events (docs/BUNDLE.md, docs/HARNESS.md).
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from . import adapters, datasets, distributed, layers, probe
 from .errors import HarnessError, SpecError
 from .events import EventLog, throughput
+from .models import is_language_model
 from .spec import first_problem, knob_problem, layer_profile_problem, model_problem, setting, show
 
 HARNESS_VERSION = "1.0"
@@ -137,11 +139,33 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
         extra, more_notes = _workers_summary(ctx, params, log, fields, outcome, out_dir)
         if params["mode"] != "inference":
             extra = {**_knobs_summary(params, outcome, log.model), **extra}
+        extra = {**extra, **_model_summary(params, dataset, log, outcome, extra.get("throughput"))}
         summary = log.summary(diverged=outcome.diverged, notes=[*notes, *outcome.notes, *more_notes],
                               mode=params["mode"], inference_seconds=outcome.inference_seconds,
                               peak_device_memory_bytes=outcome.peak_device_memory_bytes, extra=extra)
         log.emit("end", t=time.time())
     return summary
+
+
+def _model_summary(params: dict[str, Any], dataset: datasets.Dataset, log: EventLog,
+                   outcome: adapters.TrainOutcome, aggregate: float | None) -> dict[str, Any]:
+    """The summary fields of the transformers and of compilation: ``compilation`` (seconds
+    spent compiling before the first step, kept out of the throughput) when the cell compiled;
+    for a language model ``seq_len``, ``tokens_per_second`` (the throughput, in sequences/s,
+    × ``seq_len``; ``aggregate``: a multi-worker cell's summed throughput), and ``test_loss`` /
+    ``perplexity`` (exp of the mean next-token loss)."""
+    out: dict[str, Any] = {}
+    if outcome.compilation is not None:
+        out["compilation"] = outcome.compilation
+    if is_language_model(params["model"]):
+        seq_len = dataset.shape[0]
+        rate = aggregate if aggregate is not None else throughput(log.rated()) if log.steps else None
+        last = log.epochs[-1] if log.epochs else {}
+        loss = last.get("test_loss")
+        out.update(seq_len=seq_len, tokens_per_second=None if rate is None else rate * seq_len,
+                   test_loss=loss,
+                   perplexity=math.exp(loss) if isinstance(loss, (int, float)) and loss < 700 else None)
+    return out
 
 
 def _knobs_summary(params: dict[str, Any], outcome: adapters.TrainOutcome,

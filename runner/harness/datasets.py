@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import text
 from .errors import DataError
+from .models import TRANSFORMERS
 
 # The real datasets, read from IDX files: name -> classes, and name -> (C, H, W) of an image.
 # The one list of dataset names: the host's ``dataset`` choices (``spec.py``) and ``matrun data
@@ -38,6 +40,8 @@ IDX_DATASETS = {"fashion-mnist": 10, "mnist": 10, "cifar10": 10}
 IDX_SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 SYNTHETIC = "synthetic"  # generated from the seed (``synthetic_*`` parameters), never read
 DATASETS = (*IDX_DATASETS, SYNTHETIC)
+#: Datasets made from the seed, never read from the data directory.
+GENERATED = frozenset({SYNTHETIC, text.SYNTHETIC_TEXT})
 IDX_PREFIXES = {"train": "train", "test": "t10k"}
 IDX_IMAGES_MAGIC = 0x00000803  # unsigned bytes, 3 dimensions: count × H × W
 IDX_IMAGES4_MAGIC = 0x00000804  # unsigned bytes, 4 dimensions: count × C × H × W
@@ -93,6 +97,8 @@ def load(params: dict[str, Any], data_dir: Path) -> Dataset:
     """The dataset a cell's ``params`` ask for, with ``train_limit`` / ``test_limit`` applied,
     then the last ``validation`` training samples held out as the validation split."""
     name = params["dataset"]
+    if name in text.TEXT_DATASETS:
+        return _load_text(params, Path(data_dir))
     if name == SYNTHETIC:
         c, h, w = params["synthetic_shape"]
         ds = synthetic((c, h, w), classes=params["synthetic_classes"], train=params["synthetic_train"],
@@ -110,6 +116,36 @@ def load(params: dict[str, Any], data_dir: Path) -> Dataset:
                         f"({train.count:,} samples after train_limit)")
     train, validation = train.hold_out(held)
     return Dataset(ds.name, ds.shape, ds.classes, train, ds.test.head(params["test_limit"]), validation)
+
+
+def _load_text(params: dict[str, Any], data_dir: Path) -> Dataset:
+    """The token data of a language-model cell (``text``): ``shape`` is (seq_len,) and
+    ``classes`` the vocabulary (a next-token prediction has one class per token)."""
+    name = params["dataset"]
+    model = TRANSFORMERS.get(params["model"])
+    seq_len = params.get("seq_len") or (model.positions if model is not None else 0)
+    if not seq_len:
+        raise DataError(f"{name} is token data for a language model (gpt-*), not for {params['model']}")
+    if name == text.SYNTHETIC_TEXT:
+        vocab = params.get("synthetic_vocab") or 256
+        train, test = text.synthetic_text(vocab=vocab, seq_len=seq_len, train=params["synthetic_train"],
+                                          test=params["synthetic_test"], seed=params["seed"])
+    else:
+        vocab = text.BYTE_VOCAB
+        train, test = text.load_fortunes(data_dir / name, seq_len)
+    if not train.count or not test.count:
+        raise DataError(f"{name}: too little text for one sequence of {seq_len:,} tokens in each split "
+                        f"(train: {len(train.tokens):,} tokens, test: {len(test.tokens):,})")
+    train = train.head(params["train_limit"])
+    held = (params.get("validation") or 0) if params.get("mode") != "inference" else 0
+    shape = (seq_len,)
+    if not held:
+        return Dataset(name, shape, vocab, train, test.head(params["test_limit"]))  # type: ignore[arg-type]
+    if held >= train.count:
+        raise DataError(f"validation = {held:,} must be smaller than the training split of {name} "
+                        f"({train.count:,} sequences after train_limit)")
+    train, validation = train.hold_out(held)
+    return Dataset(name, shape, vocab, train, test.head(params["test_limit"]), validation)  # type: ignore[arg-type]
 
 
 # --- where a dataset is, and what to do when it is not there ---------------------------
@@ -155,6 +191,9 @@ def require(data_dir: Path, name: str) -> Path:
     """The directory of dataset ``name`` when its training images are there, else a DataError
     naming the expected path and what to do.  Cheap (nothing is read): for host preflight."""
     root = Path(data_dir) / name
+    if name == text.FORTUNES:
+        text.fortune_files(root)
+        return root
     if not root.is_dir():
         raise DataError(f"dataset directory not found: {root} (expected "
                         f"{root / expected_images_stem(name)}[.gz] and the other IDX files); "

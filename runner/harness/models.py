@@ -190,3 +190,161 @@ def param_count(model: str, shape: tuple[int, int, int], classes: int) -> int:
 
 def forward_flops(model: str, shape: tuple[int, int, int], classes: int) -> int:
     return sum(layer["flops"] for layer in walk(model, shape, classes))
+
+
+# --- transformers ----------------------------------------------------------------------------
+#
+# A transformer is described by its sizes rather than a layer list: every framework builds the
+# same pre-LayerNorm stack from them, and ``transformer_walk`` lists its units with their
+# parameters and FLOPs, as ``walk`` does for the networks above.
+#
+# GPT (decoder): token embedding (vocab × width) + learned position embedding (positions ×
+# width); ``layers`` blocks of x + attn(ln1(x)), x + mlp(ln2(x)) with causal multi-head
+# attention (one fused q/k/v projection with bias, an output projection with bias) and a GELU
+# MLP (width → mlp → width, biases); a final LayerNorm; the output head is the token
+# embedding's transpose (tied, no bias).  GPT-2 small: 124,439,808 parameters.
+#
+# ViT (encoder): a patch × patch convolution of stride patch (with bias) into width channels,
+# a learned class token, a learned position embedding for the patches and the class token, the
+# same blocks without the causal mask, a final LayerNorm and a dense head on the class token.
+# ViT-B/16 on 224 × 224 × 3 with 1,000 classes: 86,567,656 parameters.
+#
+# LayerNorm: epsilon 1e-5, scale and bias.  GELU: the exact (erf) form.  Initialisation, in
+# every framework: weights of dense layers, embeddings and the patch convolution normal with
+# std 0.02 (GPT-2's), biases 0, LayerNorm scale 1 and bias 0, the class token 0.
+#
+# FLOPs (multiply-adds × 2, one sample's forward pass) count the projections, the MLP, the
+# head and the attention's two products over the full T × T (the causal mask's half is not
+# subtracted: the kernels compute the full square); element-wise work (softmax, GELU,
+# LayerNorm) is left out.
+
+from dataclasses import dataclass  # noqa: E402  (kept beside the code that uses it)
+
+TRANSFORMER_KINDS = ("gpt", "vit")
+LN_EPSILON = 1e-5
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class Transformer:
+    kind: str  # "gpt" (causal decoder over tokens) or "vit" (encoder over image patches)
+    layers: int
+    width: int  # the model (residual) width
+    heads: int
+    mlp: int  # the MLP's hidden width
+    positions: int = 0  # gpt: the longest sequence its position embedding covers
+    vocab: int = 0  # gpt: the token vocabulary (ids 0 .. vocab - 1)
+    patch: int = 0  # vit: the side of a square patch
+
+    @property
+    def head_width(self) -> int:
+        return self.width // self.heads
+
+
+TRANSFORMERS: dict[str, Transformer] = {
+    # trains on 2 CPU cores in about a minute (docs/TRANSFORMERS.md); byte-level vocabulary
+    "gpt-tiny": Transformer("gpt", layers=2, width=64, heads=4, mlp=256, positions=128, vocab=256),
+    # GPT-2 small (124 M): the sizes of Radford et al. 2019's smallest model
+    "gpt2-small": Transformer("gpt", layers=12, width=768, heads=12, mlp=3072, positions=1024, vocab=50257),
+    # 28 × 28 → 7 × 7 patches of 4 × 4; 32 × 32 → 8 × 8
+    "vit-tiny": Transformer("vit", layers=2, width=64, heads=4, mlp=256, patch=4),
+    # ViT-B/16 (Dosovitskiy et al. 2021), 86 M at 224 × 224
+    "vit-b16": Transformer("vit", layers=12, width=768, heads=12, mlp=3072, patch=16),
+}
+LANGUAGE_MODELS = tuple(name for name, t in TRANSFORMERS.items() if t.kind == "gpt")
+#: The groups the units of a transformer fall into (``layer_profile`` and the layer views).
+TRANSFORMER_GROUPS = ("embedding", "attention", "mlp", "norm", "head")
+
+
+def is_transformer(model: str) -> bool:
+    return model in TRANSFORMERS
+
+
+def is_language_model(model: str) -> bool:
+    return model in LANGUAGE_MODELS
+
+
+def vit_patches(model: str, shape: tuple[int, int, int]) -> int:
+    """The number of patches of a ViT on a (C, H, W) input; ValueError when the patch does not
+    divide the image."""
+    t = TRANSFORMERS[model]
+    _, h, w = shape
+    if h % t.patch or w % t.patch:
+        raise ValueError(f"{model} cuts images into {t.patch}×{t.patch} patches: {h}×{w} is not a multiple "
+                         f"of {t.patch} (use images whose sides are)")
+    return (h // t.patch) * (w // t.patch)
+
+
+def sequence_problem(model: str, seq_len: int, vocab: int | None) -> str | None:
+    """Why a language model cannot take sequences of ``seq_len`` tokens of a ``vocab``-token
+    vocabulary, or None."""
+    t = TRANSFORMERS[model]
+    if seq_len > t.positions:
+        return (f"{model} has {t.positions:,} positions: a sequence of {seq_len:,} tokens is longer than its "
+                f"position embedding (use seq_len <= {t.positions:,})")
+    if vocab is not None and vocab > t.vocab:
+        return (f"vocabulary mismatch: the data has {vocab:,} token ids, {model}'s embedding has {t.vocab:,} "
+                "rows (a token id past the last row has no embedding)")
+    return None
+
+
+def _block_units(t: Transformer, i: int, tokens: int) -> Iterator[dict[str, Any]]:
+    d, m = t.width, t.mlp
+    shape = (tokens, d)
+    yield {"name": f"block{i}_ln1", "kind": "layernorm", "group": "norm", "in": shape, "out": shape,
+           "params": 2 * d, "flops": 0}
+    attention = 2 * tokens * 3 * d * d + 2 * tokens * d * d + 2 * 2 * tokens * tokens * d
+    yield {"name": f"block{i}_attn", "kind": "attention", "group": "attention", "in": shape, "out": shape,
+           "params": 3 * d * d + 3 * d + d * d + d, "flops": attention}
+    yield {"name": f"block{i}_ln2", "kind": "layernorm", "group": "norm", "in": shape, "out": shape,
+           "params": 2 * d, "flops": 0}
+    yield {"name": f"block{i}_mlp", "kind": "mlp", "group": "mlp", "in": shape, "out": shape,
+           "params": d * m + m + m * d + d, "flops": 2 * tokens * 2 * d * m}
+
+
+def transformer_walk(model: str, *, seq_len: int = 0, shape: tuple[int, int, int] | None = None,
+                     classes: int = 0) -> Iterator[dict[str, Any]]:
+    """Every unit of a transformer, in order, with its input / output shape (tokens × width),
+    group, trainable parameters and forward FLOPs per sample.  GPT: ``seq_len`` tokens (0: its
+    positions); ViT: images of ``shape`` into ``classes``."""
+    if model not in TRANSFORMERS:
+        raise ValueError(f"unknown transformer {model!r} (known: {', '.join(TRANSFORMERS)})")
+    t = TRANSFORMERS[model]
+    d = t.width
+    if t.kind == "gpt":
+        tokens = seq_len or t.positions
+        problem = sequence_problem(model, tokens, None)
+        if problem:
+            raise ValueError(problem)
+        yield {"name": "embed", "kind": "embedding", "group": "embedding", "in": (tokens,), "out": (tokens, d),
+               "params": t.vocab * d + t.positions * d, "flops": 0}
+    else:
+        if shape is None:
+            raise ValueError(f"{model} needs the image shape")
+        c = shape[0]
+        patches = vit_patches(model, shape)
+        tokens = patches + 1
+        yield {"name": "embed", "kind": "embedding", "group": "embedding", "in": tuple(shape), "out": (tokens, d),
+               "params": c * t.patch * t.patch * d + d + d + tokens * d,
+               "flops": 2 * patches * c * t.patch * t.patch * d}
+    for i in range(t.layers):
+        yield from _block_units(t, i, tokens)
+    yield {"name": "ln_f", "kind": "layernorm", "group": "norm", "in": (tokens, d), "out": (tokens, d),
+           "params": 2 * d, "flops": 0}
+    if t.kind == "gpt":  # tied: the embedding's rows are the head's weights
+        yield {"name": "head", "kind": "head", "group": "head", "in": (tokens, d), "out": (tokens, t.vocab),
+               "params": 0, "flops": 2 * tokens * d * t.vocab}
+    else:
+        out = classes or 1000
+        yield {"name": "head", "kind": "head", "group": "head", "in": (d,), "out": (out,),
+               "params": d * out + out, "flops": 2 * d * out}
+
+
+def transformer_param_count(model: str, *, seq_len: int = 0, shape: tuple[int, int, int] | None = None,
+                            classes: int = 0) -> int:
+    return sum(u["params"] for u in transformer_walk(model, seq_len=seq_len, shape=shape, classes=classes))
+
+
+def transformer_flops(model: str, *, seq_len: int = 0, shape: tuple[int, int, int] | None = None,
+                      classes: int = 0) -> int:
+    return sum(u["flops"] for u in transformer_walk(model, seq_len=seq_len, shape=shape, classes=classes))

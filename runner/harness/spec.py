@@ -23,7 +23,9 @@ from typing import Any, Callable, Mapping
 
 from .cpusets import CPUSET, parse_cpuset
 from .datasets import DATASETS, IDX_SHAPES, SYNTHETIC
-from .models import MODELS, sequential_models, walk
+from .models import (MODELS, TRANSFORMERS, is_language_model, is_transformer, sequence_problem, sequential_models,
+                     vit_patches, walk)
+from .text import SYNTHETIC_TEXT, TEXT_DATASETS
 
 UNSET = "unset"  # threads / interop_threads: leave the framework's own default
 DEVICES = ("cpu", "gpu")
@@ -37,6 +39,13 @@ FIRST_LAYER_BACKWARD = ("skip", "full")
 INPUT_PIPELINES = ("preloaded", "loader")
 SCALINGS = ("weak", "strong")
 KVSTORES = ("device", "dist_sync", "dist_async")
+#: ``compile``: the framework's own default, eager op-by-op execution, or a compiled graph
+#: (docs/TRANSFORMERS.md "Compilation").  ``attention``: the default, an explicit softmax(QKᵀ)V, or
+#: the framework's fused scaled-dot-product kernel.
+DEFAULT = "default"
+COMPILE_MODES = (DEFAULT, "eager", "compiled")
+ATTENTIONS = (DEFAULT, "explicit", "fused")
+MAX_SEQ_LEN = 1 << 20
 
 MAX_THREADS = 1024
 MAX_WORKERS = 256
@@ -271,12 +280,19 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
           "(one process), dist_sync or dist_async (a parameter server on the cell's host); null for "
           "other frameworks", in_spec=OPTIONAL),
     Param("mode", Choice(MODES), "train", "train, or inference (forward passes only, timed per batch)"),
-    Param("model", Choice(tuple(MODELS)), "lenet5", "network (runner/harness/models.py)"),
-    Param("dataset", Choice(DATASETS), "fashion-mnist", "dataset"),
+    Param("model", Choice(tuple(MODELS) + tuple(TRANSFORMERS)), "lenet5",
+          "network (runner/harness/models.py): a CNN, or a transformer (gpt-*: token data; vit-*: images)"),
+    Param("dataset", Choice(DATASETS + TEXT_DATASETS), "fashion-mnist",
+          "dataset: images (fashion-mnist, mnist, cifar10, synthetic) or text for the gpt-* models "
+          "(synthetic-text, fortunes)"),
     Param("synthetic_shape", shape, [1, 28, 28], "[C, H, W] of synthetic samples"),
     Param("synthetic_classes", integer(2, 100_000), 10, "classes of synthetic data"),
     Param("synthetic_train", integer(1, 10_000_000), 2048, "synthetic training samples"),
     Param("synthetic_test", integer(1, 10_000_000), 512, "synthetic test samples"),
+    Param("synthetic_vocab", integer(2, 1 << 20), 256, "token vocabulary of synthetic-text",
+          in_spec=OPTIONAL),
+    Param("seq_len", integer(0, MAX_SEQ_LEN), 0,
+          "tokens in a sequence of a gpt-* model (0: as many as the model has positions)", in_spec=OPTIONAL),
     Param("train_limit", integer(0), 0, "use only the first N training samples (0: all)"),
     Param("test_limit", integer(0), 0, "use only the first N test samples (0: all)"),
     Param("epochs", integer(1, 100_000), 1, "training epochs (ignored when iterations > 0)"),
@@ -300,6 +316,12 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
     Param("precision", Choice(PRECISIONS), "fp32", "fp32, tf32, bf16 or fp16 (mixed precision)"),
     Param("conv_algo", Choice(CONV_ALGOS), "heuristic",
           "convolution algorithm choice on the GPU: heuristic, or autotune (exhaustive search)"),
+    Param("compile", Choice(COMPILE_MODES), DEFAULT,
+          "eager, or compiled (the framework's graph compiler: docs/TRANSFORMERS.md \"Compilation\"); "
+          "default: the framework's own behaviour, recorded in force", in_spec=OPTIONAL),
+    Param("attention", Choice(ATTENTIONS), DEFAULT,
+          "a transformer's attention: explicit softmax(QKᵀ)V, or the framework's fused scaled-dot-product "
+          "kernel; default: the framework's own choice, recorded in force", in_spec=OPTIONAL),
     Param("layer_profile", boolean, False, "also time every layer's forward and backward pass"),
     Param("preset", Choice(PRESETS), "none",
           "framework-default: the optimizer, learning rate, batch size and epochs of the "
@@ -363,6 +385,12 @@ def unused_keys(params: Mapping[str, Any], *, parameter_servers: bool | None = N
         unused.add("momentum")
     if params.get("dataset") != SYNTHETIC:
         unused |= {"synthetic_shape", "synthetic_classes", "synthetic_train", "synthetic_test"}
+    if params.get("dataset") != SYNTHETIC_TEXT:
+        unused.add("synthetic_vocab")
+    if not is_language_model(str(params.get("model"))):
+        unused.add("seq_len")
+    if is_transformer(str(params.get("model"))):
+        unused.add("layout")  # an image layout of CNN activations (``transformer_problem``)
     if params.get("device") == "cpu":
         unused.add("gpus")
     if not parameter_servers if parameter_servers is not None else params.get("kvstore") is None:
@@ -405,6 +433,11 @@ def input_shape(params: Mapping[str, Any]) -> tuple[int, int, int] | None:
 
 def model_problem(params: Mapping[str, Any]) -> str | None:
     """``"[params -> key] ..."`` when the model cannot take the dataset's input size, else None."""
+    found = transformer_problem(params)
+    if found:
+        return f"[params -> {found[0]}] {found[1]}"
+    if is_transformer(params["model"]):
+        return None
     size = input_shape(params)
     if size is None:
         return None
@@ -414,6 +447,51 @@ def model_problem(params: Mapping[str, Any]) -> str | None:
     except ValueError as exc:
         key = "synthetic_shape" if params["dataset"] == SYNTHETIC else "model"
         return f"[params -> {key}] {exc}"
+    return None
+
+
+def transformer_problem(params: Mapping[str, Any]) -> tuple[str, str] | None:
+    """What does not fit between the model, the dataset and the transformer keys, as (key, the
+    words after it), or None: a language model needs token data and images need a CNN or a ViT;
+    a sequence longer than the model's positions, a vocabulary larger than its embedding, a ViT
+    patch that does not divide the image; ``layout`` (an image layout), ``layer_profile``,
+    ``first_layer_backward`` and the data loader are not for transformers (yet: docs/TRANSFORMERS.md);
+    ``attention`` needs a transformer."""
+    model, dataset = params["model"], params["dataset"]
+    text = dataset in TEXT_DATASETS
+    if is_language_model(model) != text:
+        if text:
+            return ("dataset", f"{dataset} is token data, for the gpt-* models; {model} takes images")
+        return ("dataset", f"{model} is a language model: it needs token data (synthetic-text or fortunes), "
+                           f"not {dataset}")
+    if not is_transformer(model):
+        if setting(params, "attention") != DEFAULT:
+            return ("attention", f"{model} has no attention (a transformer's setting: gpt-*, vit-*)")
+        return None
+    if params.get("layout") not in (None, "nchw"):
+        return ("layout", f"is an image layout of the CNNs' activations; {model} is a transformer (its "
+                          "activations are tokens × width): leave layout out")
+    if params.get("layer_profile"):
+        return ("layer_profile", f"times the CNNs' layers one by one; {model} is a transformer (its "
+                                 "layer groups are not profiled yet)")
+    if setting(params, "first_layer_backward") != "skip":
+        return ("first_layer_backward", f"is a CNN setting; {model} has no first layer of that kind")
+    if setting(params, "input_pipeline") != "preloaded":
+        return ("input_pipeline", f"the data loader feeds the CNNs; {model} trains on preloaded batches")
+    if is_language_model(model):
+        seq_len = setting(params, "seq_len") or TRANSFORMERS[model].positions
+        vocab = setting(params, "synthetic_vocab") if dataset == SYNTHETIC_TEXT else 256
+        problem = sequence_problem(model, seq_len, vocab)
+        if problem:
+            return ("seq_len" if problem.startswith(model) else
+                    "synthetic_vocab" if dataset == SYNTHETIC_TEXT else "model", problem)
+        return None
+    size = input_shape(params)
+    if size is not None:
+        try:
+            vit_patches(model, size)
+        except ValueError as exc:
+            return ("synthetic_shape" if dataset == SYNTHETIC else "model", str(exc))
     return None
 
 

@@ -23,9 +23,10 @@ from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
 from matrun.errors import InputError, MatrixError
+from matrun.runner.harness.models import is_transformer
 from matrun.frameworks import display_name, get_framework, parameter_server_frameworks
 from matrun.runner.harness.spec import (
-    SYSTEM_VARIANT, interpreter_problem, knob_problem, layer_profile_problem, unused_keys,
+    SYSTEM_VARIANT, interpreter_problem, knob_problem, layer_profile_problem, transformer_problem, unused_keys,
 )
 from matrun.runner.planning.overrides import spelled
 from matrun.runner.planning.params import PARAMS, ParamError, plain, show
@@ -502,6 +503,8 @@ def framework_defaults(values: dict[str, Any], *, explicit: set[str]) -> dict[st
         return values
     out = dict(values)
     for key in GPU_FRAMEWORK_DEFAULTS:
+        if key == "layout" and is_transformer(str(values.get("model"))):
+            continue  # an image layout: a transformer has none (spec.transformer_problem)
         if key not in explicit and key in fw.defaults:
             out[key] = fw.defaults[key]
     return out
@@ -515,6 +518,9 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
                          onednn=get_framework(out["framework"]).onednn)
     if out["device"] == "cpu" and out["conv_algo"] == "autotune":
         raise ParamError("conv_algo = \"autotune\" needs device = \"gpu\" (it selects cuDNN convolution algorithms)")
+    shaped = transformer_problem(out)  # reads layout as written: before the nulls
+    if shaped:
+        raise ParamError(f"{shaped[0]} {shaped[1]}")
     _canonical_workers(out, unused)  # reads kvstore as written: before the nulls
     out.update(dict.fromkeys(unused))
     problem = layer_profile_problem(out)
@@ -533,6 +539,9 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
     if out["device"] == "gpu" and out["variant"] in fw.variants and fw.variants[out["variant"]].device != "gpu":
         raise ParamError(f"variant \"{out['variant']}\" of {out['framework']} is a CPU build; a gpu cell needs "
                          f"one of: {', '.join(v for v, d in fw.variants.items() if d.device == 'gpu') or 'none'}")
+    if is_transformer(out["model"]) and not fw.transformers:
+        why = fw.transformers_reason or "its adapter does not build them yet (docs/TRANSFORMERS.md \"Transformers\")"
+        raise ParamError(f"model {out['model']} is a transformer; {display_name(out['framework'])} has none: {why}")
     reason = fw.refusal(out)
     if reason:
         raise ParamError(f"{out['framework']} cannot run this cell: {reason}")

@@ -65,7 +65,7 @@ def preflight_study(matrix: Matrix, cells: Sequence[PlannedCell]) -> None:
 def preflight_data(cells: Sequence[PlannedCell], data_dir: Path) -> None:
     """The datasets the cells read are present in ``data_dir`` (for a cluster: the nodes see
     the same path on a shared file system)."""
-    for dataset in sorted({pc.cell.values["dataset"] for pc in cells} - {cell_data.SYNTHETIC}):
+    for dataset in sorted({pc.cell.values["dataset"] for pc in cells} - cell_data.GENERATED):
         try:
             cell_data.require(data_dir, dataset)
         except CellDataError as exc:

@@ -18,7 +18,9 @@ from typing import Any, Mapping, Sequence
 
 from matrun.errors import MatrunError
 from matrun.runner.executors.registry import get_executor
-from matrun.runner.harness.datasets import SYNTHETIC
+from matrun.runner.harness.datasets import GENERATED
+from matrun.runner.harness.models import TRANSFORMERS
+from matrun.runner.harness.text import FORTUNES, FORTUNES_BYTES
 from matrun.runner.planning.identity import PlannedCell, plan_cells
 from matrun.runner.planning.matrix import Matrix, load_matrix, printable
 from matrun.warehouse.db import open_warehouse
@@ -167,8 +169,11 @@ class CostModel:
 
 def _samples(v: Mapping[str, Any]) -> tuple[float, float]:
     """Training samples a cell processes (all epochs) and test samples it evaluates."""
-    if v["dataset"] == SYNTHETIC:
+    if v["dataset"] in GENERATED:
         train, test = v["synthetic_train"], v["synthetic_test"]
+    elif v["dataset"] == FORTUNES:  # sequences of seq_len tokens (bytes)
+        seq = v.get("seq_len") or getattr(TRANSFORMERS.get(v["model"]), "positions", 0) or 128
+        train, test = (n // seq for n in FORTUNES_BYTES)
     else:
         train, test = DATASET_SAMPLES.get(v["dataset"], (60_000, 10_000))
     if v.get("train_limit"):

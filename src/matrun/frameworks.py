@@ -197,6 +197,10 @@ class Framework:
     # True: the framework compiles code when a cell starts that later cells can load (Theano's
     # C modules): the docker executor gives its cells a cache per image (``compile_cache``)
     compile_cache: bool = False
+    # Whether the adapter builds the transformers (models.TRANSFORMERS); a framework without
+    # them refuses a gpt-* / vit-* cell at plan time with ``transformers_reason``
+    transformers: bool = False
+    transformers_reason: str = ""
 
     def preset_for(self, preset: str, family: str) -> Mapping[str, Any] | None:
         """The parameters ``preset`` gives this framework for a dataset family, or None."""
@@ -298,7 +302,8 @@ def display_name(name: str) -> str:
 #: has ``[presets-P.<family>]`` (docs/PRESETS.md).
 DEFAULT_PRESET = "framework-default"
 NAMED_PRESETS = tuple(p for p in PRESETS if p not in ("none", DEFAULT_PRESET))
-_TOP_KEYS = ("name", "display_name", "default", "import_check", "builtin_blas", "onednn", "compile_cache", "env",
+_TOP_KEYS = ("name", "display_name", "default", "import_check", "builtin_blas", "onednn", "compile_cache", "transformers",
+             "transformers_reason", "env",
              "unsupported",
              "defaults",
              "presets", *(f"presets-{p}" for p in NAMED_PRESETS), "workers", "variants")
@@ -381,6 +386,8 @@ def _parse(folder: str, doc: dict[str, Any]) -> Framework:
         builtin_blas=None if builtin_blas is None else _text(file, "builtin_blas", builtin_blas),
         onednn=_flag(file, "onednn", doc.get("onednn", True)),
         compile_cache=_flag(file, "compile_cache", doc.get("compile_cache", False)),
+        transformers=_flag(file, "transformers", doc.get("transformers", False)),
+        transformers_reason=_text(file, "transformers_reason", doc.get("transformers_reason", "")),
         workers=_parse_workers(file, doc.get("workers", {})),
     )
 

@@ -69,7 +69,17 @@ SELECT
     r.gpu_throttled,
     TRY_CAST(r.monitor -> 'gpu_throttle_reasons' AS VARCHAR[])     AS gpu_throttle_reasons,
     r.busy_start,
-    TRY_CAST(r.host -> 'state' -> 'busy_reasons' AS VARCHAR[])     AS busy_reasons
+    TRY_CAST(r.host -> 'state' -> 'busy_reasons' AS VARCHAR[])     AS busy_reasons,
+    -- transformers and compilation (docs/TRANSFORMERS.md): NULL for the CNNs and eager runs.
+    -- A language model's throughput is sequences/s; tokens/s is that × seq_len.
+    r.params ->> 'compile'                                         AS compile,
+    r.params ->> 'attention'                                       AS attention,
+    TRY_CAST(r.summary ->> 'seq_len' AS INTEGER)                   AS seq_len,
+    TRY_CAST(r.summary ->> 'tokens_per_second' AS DOUBLE)          AS tokens_per_second,
+    TRY_CAST(r.summary ->> 'test_loss' AS DOUBLE)                  AS test_loss,
+    TRY_CAST(r.summary ->> 'perplexity' AS DOUBLE)                 AS perplexity,
+    TRY_CAST(r.summary -> 'compilation' ->> 'seconds' AS DOUBLE)   AS compile_seconds,
+    r.probe -> 'in_force' ->> 'attention_kernel'                   AS attention_kernel
 FROM runs AS r
 WHERE r."repeat" <> canary_repeat()  -- canary runs ([sweep] canary) are no repeats
 ORDER BY r.sweep, r.cell_id, r."repeat", r.attempt

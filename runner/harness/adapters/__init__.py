@@ -81,6 +81,8 @@ class TrainOutcome:
     the first layer's input (0 with ``first_layer_backward = "skip"``).  ``input_pipeline``:
     what fed the steps (``kind`` "preloaded" or "loader", and for a loader its
     ``implementation``, ``workers``, the worker processes or threads seen and the batches).
+    ``compilation``: the compile step of a ``compile = "compiled"`` cell (``seconds``, timed
+    apart from the steps; docs/TRANSFORMERS.md "Compilation").
     """
 
     diverged: bool = False
@@ -93,6 +95,9 @@ class TrainOutcome:
     input_gradient_steps: int | None = None
     input_pipeline: dict[str, Any] | None = None
     gradient_element_bytes: int = 4
+    # ``compile = "compiled"``: how the model was compiled before the first timed step and how
+    # long it took (``seconds``, kept out of every step's time), None when it ran eagerly
+    compilation: dict[str, Any] | None = None
 
 
 class Adapter(Protocol):

@@ -78,11 +78,14 @@ from ..datasets import Dataset, Split, prefetched
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO
-from ..models import block_layers, forward_flops
+from ..models import (TRANSFORMERS, block_layers, forward_flops, is_language_model, is_transformer,
+                      transformer_flops, vit_patches)
 from ..phases import StepClock, calibration, time_collective
 from ..probe import thread_census
 from ..spec import model_problem, setting
+from ..text import TokenSplit
 from . import TrainOutcome
+from . import _jax_transformers as transformers
 
 NAME = "jax"
 POOL_THREAD = "tf_XLAEigen"  # the name XLA's CPU intra-op pool gives its threads
@@ -105,8 +108,14 @@ _STATE: dict[str, Any] = {}  # what configure did: the affinity before it, XLA_F
 def check(params: dict[str, Any]) -> str | None:
     """What JAX cannot run (the host refuses the same through framework.toml)."""
     model = params["model"]
-    if model not in ZOO:
-        return f"[params -> model] unknown model {model!r} for jax (known: {', '.join(ZOO)})"
+    if model not in ZOO and not is_transformer(model):
+        return f"[params -> model] unknown model {model!r} for jax (known: {', '.join((*ZOO, *TRANSFORMERS))})"
+    if setting(params, "compile") == "eager":
+        return ("[params -> compile] JAX compiles every step with XLA (jax.jit): it has no eager mode that "
+                "matrun measures; leave compile out (or \"compiled\")")
+    if is_transformer(model) and (distributed.multi_process(params) or (params["gpus"] or 1) > 1):
+        return ("[params -> model] the jax transformers run on one device in one process here (their "
+                "sharded step is not written yet): use workers = 1, gpus = 1")
     if params["device"] == "cpu" and params["precision"] == "tf32":
         return "[params -> precision] TF32 is a feature of NVIDIA Ampere and later GPUs"
     if not params["onednn"]:
@@ -235,7 +244,14 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         "optax_version": _version("optax"),
         "x64": bool(_config("jax_enable_x64")),
         "thread_census": census,
+        "compile": "compiled",  # always: every step is a jitted XLA program
     }
+    if is_transformer(params["model"]):
+        fused = setting(params, "attention") == "fused"  # Flax's own attention is the explicit einsum
+        in_force["attention"] = "fused" if fused else "explicit"
+        if fused:
+            in_force["attention_kernel"] = transformers.attention_kernel(
+                used, compute_dtype(params["precision"]), params["model"], _tokens(params))
     ctx = distributed.current()
     if ctx.distributed:
         in_force.update(rank=ctx.rank, world_size=ctx.world,
@@ -270,10 +286,10 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     ctx = distributed.current()
     place = placement(params)
     batch = distributed.global_batch(params) if ctx.distributed else params["batch_size"]
-    net = build(params["model"], dataset.shape, dataset.classes, params["layout"])
+    net = _net(params, dataset)
     state = init_state(net, params, dataset.shape, place)
     log.emit("model", name=params["model"], parameters=parameter_count(state.params),
-             flops=forward_flops(params["model"], dataset.shape, dataset.classes))
+             flops=_flops(params, dataset))
     feed = Feed(params, dataset.train, dataset.shape, place)
     x_test, y_test = arrays(dataset.test, dataset.shape, params["layout"])
     held = arrays(dataset.validation, dataset.shape, params["layout"]) if dataset.validation and ctx.chief else None
@@ -288,7 +304,8 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
 
     def outcome(**more: Any) -> TrainOutcome:
         return TrainOutcome(notes=notes, model=Trained(net, trainer.state, place), input_gradient_steps=gradients[0],
-                            input_pipeline=feed.describe(), peak_device_memory_bytes=place.peak_memory(), **more)
+                            input_pipeline=feed.describe(), peak_device_memory_bytes=place.peak_memory(),
+                            compilation=trainer.compilation(), **more)
 
     epoch, done = 0, 0
     while (done < iterations) if iterations else (epoch < params["epochs"]):
@@ -325,23 +342,27 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
 def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
     """Forward passes over the test split in order (cycling), timed per batch."""
     place = placement(params)
-    net = build(params["model"], dataset.shape, dataset.classes, params["layout"])
+    net = _net(params, dataset)
     state = init_state(net, params, dataset.shape, place)
     log.emit("model", name=params["model"], parameters=parameter_count(state.params),
-             flops=forward_flops(params["model"], dataset.shape, dataset.classes))
+             flops=_flops(params, dataset))
     x, _ = arrays(dataset.test, dataset.shape, params["layout"])
     dtype = compute_dtype(params["precision"])
     device = place.devices[0]
     variables = jax.device_put(state.variables(), device)
 
     def forward(variables: Any, xb: Any) -> Any:
-        return net.apply(_cast(variables, dtype), xb.astype(dtype), train=False)
+        return net.apply(_cast(variables, dtype), _input(net, xb, dtype), train=False)
 
     jitted = jax.jit(forward)
     n, batch = len(x), params["batch_size"]
     starts = list(range(0, n, batch))
     batches = [jax.device_put(x[s:s + batch], device) for s in starts]
+    t_compile = time.perf_counter()
     compiled = {b.shape[0]: jitted.lower(variables, b).compile() for b in batches[:1] + batches[-1:]}
+    compilation = {"mode": "compiled", "implementation": f"jax.jit (XLA, jax {jax.__version__})",
+                   "seconds": round(time.perf_counter() - t_compile, 6), "batch_sizes": sorted(compiled, reverse=True),
+                   "backward": False}
     total = params["iterations"] or len(starts)
     t_all = time.perf_counter()
     for index in range(total):
@@ -352,7 +373,7 @@ def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         log.steps.append((index // len(starts), t0, t1, xb.shape[0]))
     seconds = time.perf_counter() - t_all
     return TrainOutcome(model=Trained(net, state, place), inference_seconds=seconds,
-                        peak_device_memory_bytes=place.peak_memory(),
+                        peak_device_memory_bytes=place.peak_memory(), compilation=compilation,
                         notes=["forward passes are one jitted XLA program per batch shape, compiled before the "
                                "first timed batch"])
 
@@ -682,6 +703,50 @@ def build(name: str, shape: tuple[int, int, int], classes: int, layout: str) -> 
     return Network(name, shape, classes, layout)
 
 
+def _net(params: dict[str, Any], dataset: Dataset) -> Any:
+    """The cell's network: a CNN of the zoo, or a transformer (``_jax_transformers``)."""
+    if is_transformer(params["model"]):
+        try:
+            return transformers.TransformerNetwork(params["model"], dataset.shape, dataset.classes,
+                                                   fused=setting(params, "attention") == "fused")
+        except ValueError as exc:
+            raise HarnessError(str(exc)) from exc
+    return build(params["model"], dataset.shape, dataset.classes, params["layout"])
+
+
+def _flops(params: dict[str, Any], dataset: Dataset) -> int:
+    name = params["model"]
+    if is_language_model(name):
+        return transformer_flops(name, seq_len=dataset.shape[0])
+    if is_transformer(name):
+        return transformer_flops(name, shape=dataset.shape, classes=dataset.classes)
+    return forward_flops(name, dataset.shape, dataset.classes)
+
+
+def _tokens(params: dict[str, Any]) -> int:
+    """The sequence a transformer cell's attention sees: seq_len (a GPT), patches + 1 (a ViT)."""
+    name = params["model"]
+    if is_language_model(name):
+        return setting(params, "seq_len") or TRANSFORMERS[name].positions
+    shape = tuple(params["synthetic_shape"]) if params["dataset"] == "synthetic" else (3, 224, 224)
+    from ..datasets import IDX_SHAPES
+    shape = IDX_SHAPES.get(params["dataset"], shape)
+    try:
+        return vit_patches(name, shape) + 1
+    except ValueError:
+        return 1
+
+
+def _input(net: Any, x: Any, dtype: Any) -> Any:
+    """The step's input in the compute dtype; token ids stay integers."""
+    return x if getattr(net, "tokens", False) else x.astype(dtype)
+
+
+def _per_sample(values: Any) -> Any:
+    """A sequence's per-position values averaged to one per sample (a no-op for (batch,))."""
+    return values.mean(axis=tuple(range(1, values.ndim))) if values.ndim > 1 else values
+
+
 def parameter_count(params: Any) -> int:
     return int(sum(math.prod(a.shape) for a in jax.tree_util.tree_leaves(params)))
 
@@ -790,6 +855,7 @@ class Trainer:
         # the phases one call of the jitted step runs, fused (a mesh's psum is inside it)
         self.phase = "forward+backward+exchange+update" if place.sharded else "forward+backward+update"
         self._compiled: dict[Any, Any] = {}
+        self.compile_seconds = 0.0
         self._indices: dict[int, Any] = {}
         if place.sharded:
             from jax.sharding import NamedSharding, PartitionSpec
@@ -807,16 +873,16 @@ class Trainer:
         scale = st.scale[0] if st.scale is not None else 1.0
 
         def loss_fn(p: Any, xin: Any) -> Any:
-            logits, stats = net.apply({"params": _cast(p, dtype), "batch_stats": st.batch_stats}, xin.astype(dtype),
-                                      train=True, rng=key, mutable=True)
+            logits, stats = net.apply({"params": _cast(p, dtype), "batch_stats": st.batch_stats},
+                                      _input(net, xin, dtype), train=True, rng=key, mutable=True)
             logits = logits.astype(jnp.float32)
-            losses = optax.softmax_cross_entropy_with_integer_labels(logits, y) * w
+            losses = _per_sample(optax.softmax_cross_entropy_with_integer_labels(logits, y)) * w
             loss_sum = losses.sum()
             loss = loss_sum / total
             if wd:
                 l2 = sum(jnp.sum(jnp.square(a)) for a in jax.tree_util.tree_leaves(p))
                 loss = loss + 0.5 * wd * l2 / self.world
-            correct = jnp.sum((jnp.argmax(logits, axis=1) == y) * (w > 0))
+            correct = jnp.sum(_per_sample((jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)) * (w > 0))
             return loss * scale, (loss_sum, correct, _f32(stats))
 
         if self.input_gradient:
@@ -916,14 +982,25 @@ class Trainer:
         return jax.block_until_ready((x, y, w))
 
     def prepare(self, sizes: list[int]) -> None:
-        """Compile the step for every batch size (the global size on a mesh) ahead of time."""
+        """Compile the step for every batch size (the global size on a mesh) ahead of time;
+        the seconds it took add up in ``compile_seconds``."""
         for size in sorted(set(sizes)):
             if self._key(size) in self._compiled:
                 continue
-            xb = np.zeros((self._local_count(size), *self.net.input_shape(1)[1:]), np.float32)
-            yb = np.zeros(len(xb), np.int32)
+            t0 = time.perf_counter()
+            xb = np.zeros((self._local_count(size), *self.net.input_shape(1)[1:]),
+                          getattr(self.net, "input_dtype", np.float32))
+            yb = np.zeros((len(xb), *getattr(self.net, "target_tail", ())), np.int32)
             x, y, w = self.batch(xb, yb, size)
             self._compiled[self._key(size)] = self._fn.lower(self._state_arg(), x, y, w, self._index(0)).compile()
+            self.compile_seconds += time.perf_counter() - t0
+
+    def compilation(self) -> dict[str, Any]:
+        """The summary's ``compilation``: the training step's XLA compilations (before the
+        first step of each batch shape, outside every step's clock)."""
+        return {"mode": "compiled", "implementation": f"jax.jit (XLA, jax {jax.__version__})",
+                "seconds": round(self.compile_seconds, 6), "batch_sizes": sorted(self._compiled, reverse=True),
+                "backward": True}
 
     def _index(self, value: int) -> Any:
         """The step counter (the dropout key's input) as the step's last argument."""
@@ -1032,7 +1109,7 @@ def train_epoch(trainer: Trainer, feed: Feed, starts: list[tuple[int, int]], *, 
         computed.append(flag)
         seen += distributed.local_count(size, ctx.rank, ctx.world)
     loss_value = float(sum(_local_value(s) for s in sums)) if sums else math.nan
-    correct_value = int(sum(_local_value(c) for c in counts)) if counts else 0
+    correct_value = float(sum(_local_value(c) for c in counts)) if counts else 0.0
     if gradients is not None:
         gradients[0] += int(sum(1 for c in computed if int(np.min(_flags(c))) == 1))
     seconds = time.perf_counter() - t_epoch
@@ -1052,9 +1129,9 @@ class Evaluator:
         dtype = compute_dtype(params["precision"])
 
         def step(variables: Any, x: Any, y: Any) -> tuple[Any, Any]:
-            logits = net.apply(_cast(variables, dtype), x.astype(dtype), train=False).astype(jnp.float32)
-            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).sum()
-            return loss, jnp.sum(jnp.argmax(logits, axis=1) == y)
+            logits = net.apply(_cast(variables, dtype), _input(net, x, dtype), train=False).astype(jnp.float32)
+            loss = _per_sample(optax.softmax_cross_entropy_with_integer_labels(logits, y)).sum()
+            return loss, jnp.sum(_per_sample((jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)))
 
         self.step = jax.jit(step)
 
@@ -1068,7 +1145,7 @@ class Evaluator:
             sums.append(loss)
             counts.append(correct)
         jax.block_until_ready((sums, counts))
-        loss_value, correct_value = float(sum(np.asarray(s) for s in sums)), int(sum(np.asarray(c) for c in counts))
+        loss_value, correct_value = float(sum(np.asarray(s) for s in sums)), float(sum(np.asarray(c) for c in counts))
         return loss_value / n, correct_value / n, time.perf_counter() - t0
 
 
@@ -1181,7 +1258,10 @@ def _exchange(trainer: Trainer, feed: Feed, batch: int, log: EventLog, ctx: dist
 
 
 def arrays(split: Split, shape: tuple[int, int, int], layout: str) -> tuple[Any, Any]:
-    """float32 images normalised to [-1, 1] (NCHW or NHWC) and int32 labels, as numpy arrays."""
+    """float32 images normalised to [-1, 1] (NCHW or NHWC) and int32 labels, as numpy arrays;
+    token data: int32 inputs and targets, (count, seq_len) each."""
+    if isinstance(split, TokenSplit):
+        return split.arrays(np)
     x = np.frombuffer(bytes(split.images), np.uint8).reshape(split.count, *shape).astype(np.float32)
     x = (x / 255.0 - 0.5) / 0.5
     if layout == "nhwc":

@@ -49,9 +49,12 @@ from ..datasets import Dataset, Split
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..phases import StepClock, calibration, time_collective
-from ..models import MODELS, Layer, block_layers, forward_flops, walk
+from ..models import (MODELS, TRANSFORMERS, Layer, block_layers, forward_flops, is_language_model, is_transformer,
+                      transformer_flops, walk)
 from ..spec import setting
+from ..text import TokenSplit
 from . import TrainOutcome
+from . import _torch_transformers as transformers
 
 NAME = "torch"
 
@@ -65,6 +68,17 @@ def check(params: dict[str, Any]) -> str | None:
                 "(autocast on the CPU is bf16; TF32 is a GPU feature)")
     if params["device"] == "cpu" and params["conv_algo"] == "autotune":
         return "[params -> conv_algo] autotune needs device = \"gpu\" (it selects cuDNN algorithms)"
+    if setting(params, "compile") == "compiled":
+        if not hasattr(torch, "compile"):
+            return f"[params -> compile] compiled needs torch.compile (PyTorch 2.0+); this is torch {torch.__version__}"
+        if params["layer_profile"]:
+            return "[params -> compile] layer_profile times the eager layers one by one: leave compile out"
+        if distributed.multi_process(params) or (params["device"] == "gpu" and (params["gpus"] or 1) > 1):
+            return ("[params -> compile] compiled runs one process on one device here (torch.compile of a "
+                    "DDP / DataParallel model is not measured by matrun yet): use workers = 1, gpus = 1")
+    if setting(params, "attention") == "fused" and not hasattr(nn.functional, "scaled_dot_product_attention"):
+        return (f"[params -> attention] fused needs torch.nn.functional.scaled_dot_product_attention (PyTorch "
+                f"2.0+); this is torch {torch.__version__}")
     return None
 
 
@@ -97,9 +111,14 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         "mkl_available": bool(torch.backends.mkl.is_available()),
         "cuda_available": bool(torch.cuda.is_available()),
         "device": used,
-        "layout": _weight_layout(params["layout"]),
+        "layout": _weight_layout(params["layout"]) if params["layout"] is not None else None,
         "precision": params["precision"],
+        # eager unless the cell asks for torch.compile: PyTorch's own default
+        "compile": "compiled" if setting(params, "compile") == "compiled" else "eager",
     }
+    if is_transformer(params["model"]):
+        seq = setting(params, "seq_len") or TRANSFORMERS[params["model"]].positions
+        in_force.update(transformers.in_force(params, torch.device(used), params["model"], seq))
     mismatches = []
     if torch.cuda.is_available():
         in_force.update(
@@ -125,7 +144,7 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         mismatches.append("onednn: asked true, but this torch build has no oneDNN")
     if asked != used:
         mismatches.append(f"device: asked {params['device']}, in force {used}")
-    if in_force["layout"] != params["layout"]:
+    if params["layout"] is not None and in_force["layout"] != params["layout"]:
         mismatches.append(f"layout: asked {params['layout']}, in force {in_force['layout']}")
     ctx = distributed.current()
     if ctx.distributed:
@@ -148,16 +167,18 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     x_train, y_train = feed.x, feed.y
     x_test, y_test = _tensors(dataset.test, dataset.shape, device, params["layout"])
     held = _tensors(dataset.validation, dataset.shape, device, params["layout"]) if dataset.validation else None
-    model = _placed(build(params["model"], dataset.shape, dataset.classes), params, device)
+    model = _placed(_net(params, dataset), params, device)
     _emit_model(log, params, dataset, model)
     optimizer, loss_fn, generator, amp, scaler = _training_kit(params, model, device)
+    model, compiled = _compiled(params, model, loss_fn, amp, x_train, y_train, params["batch_size"])
     iterations, patience = params["iterations"], setting(params, "early_stopping")
     full = setting(params, "first_layer_backward") == "full"
     gradients = [0]  # steps whose backward produced the input's gradient
 
     def outcome(**more: Any) -> TrainOutcome:
         return TrainOutcome(model=model, peak_device_memory_bytes=_peak_memory(device, params),
-                            input_gradient_steps=gradients[0], input_pipeline=feed.describe(), **more)
+                            input_gradient_steps=gradients[0], input_pipeline=feed.describe(),
+                            compilation=compiled, **more)
 
     epoch, done = 0, 0
     while (done < iterations) if iterations else (epoch < params["epochs"]):
@@ -187,9 +208,10 @@ def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     device = _device(params)
     _reset_peak_memory(device, params)
     x, _ = _tensors(dataset.test, dataset.shape, device, params["layout"])
-    model = _placed(build(params["model"], dataset.shape, dataset.classes), params, device)
+    model = _placed(_net(params, dataset), params, device)
     _emit_model(log, params, dataset, model)
     model.eval()
+    model, compiled = _compiled(params, model, None, _autocast(params, device), x, None, params["batch_size"])
     amp = _autocast(params, device)
     batch_size, count = params["batch_size"], len(x)
     per_pass = math.ceil(count / batch_size)
@@ -212,7 +234,8 @@ def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
             t1 = time.perf_counter()
             record((index // per_pass, t0, t1, len(xb)))
     seconds = time.perf_counter() - t_all
-    return TrainOutcome(model=model, inference_seconds=seconds, peak_device_memory_bytes=_peak_memory(device, params))
+    return TrainOutcome(model=model, inference_seconds=seconds, peak_device_memory_bytes=_peak_memory(device, params),
+                        compilation=compiled)
 
 
 def layer_ops(params: dict[str, Any], dataset: Dataset, model: nn.Module) -> LayerOps:
@@ -325,7 +348,7 @@ def _train_workers(params: dict[str, Any], dataset: Dataset, log: EventLog,
                 if dataset.validation and ctx.chief else None)
         full = setting(params, "first_layer_backward") == "full"
         gradients = [0]
-        net = build(params["model"], dataset.shape, dataset.classes).to(device)
+        net = _net(params, dataset).to(device)
         if params["layout"] == "nhwc":
             net = net.to(memory_format=torch.channels_last)
         model = DistributedDataParallel(net, device_ids=[device.index or 0] if device.type == "cuda" else None)
@@ -405,7 +428,7 @@ def _train_epoch_worker(model: nn.Module, optimizer: torch.optim.Optimizer, loss
         xs, ys = _shuffled(x, y, generator, channels_last)
         fetch = None
     loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
+    correct = torch.zeros((), dtype=torch.float64, device=device)
     seen = 0
     for start, size in starts:
         clock = clock_for()
@@ -434,7 +457,7 @@ def _train_epoch_worker(model: nn.Module, optimizer: torch.optim.Optimizer, loss
             clock.end()
         timer.end_step()
         loss_sum += loss.detach() * len(yb)
-        correct += (out.detach().argmax(1) == yb).sum()
+        correct += _hits(out.detach(), yb)
         if input_grad and gradients is not None and xb.grad is not None:
             gradients[0] += 1
         seen += len(yb)
@@ -578,6 +601,67 @@ def _module(layer: Layer, shapes: dict[str, tuple[int, ...]], classes: int) -> n
     raise HarnessError(f"layer kind {kind!r} of {name} is not known to the torch adapter")
 
 
+def _net(params: dict[str, Any], dataset: Dataset) -> nn.Module:
+    """The cell's network: a CNN of ``models.MODELS`` or a transformer (``_torch_transformers``)."""
+    if is_transformer(params["model"]):
+        fused = setting(params, "attention") != "explicit"  # PyTorch's own modules use the fused kernel
+        try:
+            return transformers.build(params["model"], dataset.shape, dataset.classes, fused=fused)
+        except ValueError as exc:
+            raise HarnessError(str(exc)) from exc
+    return build(params["model"], dataset.shape, dataset.classes)
+
+
+def _hits(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Correct predictions in a batch, counted per sample: a sequence's share of its tokens
+    whose next token was predicted (so accuracy is next-token accuracy, from 0 to 1)."""
+    right = out.argmax(1) == y
+    if y.dim() == 1:
+        return right.sum()
+    return right.flatten(1).to(torch.float64).mean(1).sum()
+
+
+def _loss_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The batch's cross-entropy summed over samples (a sequence's: the mean over its tokens)."""
+    if y.dim() == 1:
+        return nn.functional.cross_entropy(out, y, reduction="sum")
+    return nn.functional.cross_entropy(out, y, reduction="none").flatten(1).mean(1).sum()
+
+
+def _compiled(params: dict[str, Any], model: nn.Module, loss_fn: Any, amp: Any, x: torch.Tensor,
+              y: torch.Tensor | None, batch_size: int) -> tuple[nn.Module, dict[str, Any] | None]:
+    """``compile = "compiled"``: ``torch.compile(model)``, compiled before the first timed step
+    by a forward (and, training, a backward) pass on each batch shape the steps will see — the
+    full batch and the last partial one — whose gradients are dropped and whose BatchNorm
+    statistics are put back, so training starts from the same state as an eager cell.  Returns
+    the model to train and the compilation record (``seconds``, ``shapes``); eager: (model, None)."""
+    if setting(params, "compile") != "compiled":
+        return model, None
+    compiled = torch.compile(model)
+    sizes = sorted({min(batch_size, len(x)), len(x) % batch_size} - {0}, reverse=True)
+    buffers = {k: v.clone() for k, v in model.state_dict().items() if k in dict(model.named_buffers())}
+    training = y is not None
+    t0 = time.perf_counter()
+    for size in sizes:
+        xb = x[:size]
+        with contextlib.ExitStack() as stack:
+            if amp is not None:
+                stack.enter_context(amp)
+            if not training:
+                stack.enter_context(torch.inference_mode())
+            out = compiled(xb)
+            if training:
+                loss_fn(out, y[:size]).backward()
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    if buffers:
+        model.load_state_dict(buffers, strict=False)
+    return compiled, {"mode": "compiled", "implementation": f"torch.compile (inductor, torch {torch.__version__})",
+                      "seconds": round(seconds, 6), "batch_sizes": sizes, "backward": training}
+
+
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
@@ -592,8 +676,13 @@ def _placed(model: nn.Module, params: dict[str, Any], device: torch.device) -> n
 
 
 def _emit_model(log: EventLog, params: dict[str, Any], dataset: Dataset, model: nn.Module) -> None:
-    log.emit("model", name=params["model"], parameters=parameter_count(model),
-             flops=forward_flops(params["model"], dataset.shape, dataset.classes))
+    name = params["model"]
+    if is_transformer(name):
+        flops = (transformer_flops(name, seq_len=dataset.shape[0]) if is_language_model(name)
+                 else transformer_flops(name, shape=dataset.shape, classes=dataset.classes))
+    else:
+        flops = forward_flops(name, dataset.shape, dataset.classes)
+    log.emit("model", name=name, parameters=parameter_count(model), flops=flops)
 
 
 def _weight_layout(asked: str) -> str:
@@ -692,13 +781,13 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn
     t_epoch = time.perf_counter()
     stop = len(y) if budget is None else min(len(y), budget * batch_size)
     loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
+    correct = torch.zeros((), dtype=torch.float64, device=device)
     steps = 0
 
     def account(out: torch.Tensor, loss: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> None:
         nonlocal loss_sum, correct
         loss_sum += loss.detach() * len(yb)
-        correct += (out.detach().argmax(1) == yb).sum()
+        correct += _hits(out.detach(), yb)
         if input_grad and gradients is not None and xb.grad is not None:
             gradients[0] += 1
 
@@ -755,7 +844,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     t0 = time.perf_counter()
     with torch.inference_mode():
         loss_sum = torch.zeros((), device=x.device)
-        correct = torch.zeros((), dtype=torch.int64, device=x.device)
+        correct = torch.zeros((), dtype=torch.float64, device=x.device)
         for start in range(0, len(y), batch_size):
             if amp is None:
                 out = model(x[start:start + batch_size])
@@ -763,8 +852,8 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
                 with amp:
                     out = model(x[start:start + batch_size]).float()
             yb = y[start:start + batch_size]
-            loss_sum += nn.functional.cross_entropy(out, yb, reduction="sum")
-            correct += (out.argmax(1) == yb).sum()
+            loss_sum += _loss_sum(out, yb)
+            correct += _hits(out, yb)
         if sync:
             torch.cuda.synchronize()
         loss_value, correct_value = loss_sum.item(), correct.item()
@@ -830,7 +919,12 @@ def _layer_op(layer: nn.Module, inp: torch.Tensor, grad: torch.Tensor | None, *,
 
 def _tensors(split: Split, shape: tuple[int, int, int], device: torch.device, layout: str = "nchw",
              limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 images normalised to [-1, 1] (mean 0.5, std 0.5 after /255) and int64 labels."""
+    """float32 images normalised to [-1, 1] (mean 0.5, std 0.5 after /255) and int64 labels;
+    for token data (``TokenSplit``) int64 inputs and targets, (count, seq_len) each."""
+    if isinstance(split, TokenSplit):
+        import numpy as np
+        xs, ys = split.arrays(np, limit or 0)
+        return torch.from_numpy(xs).long().to(device), torch.from_numpy(ys).long().to(device)
     count = split.count if limit is None else min(limit, split.count)
     images, labels = split.images, split.labels
     if count < split.count:

@@ -1,0 +1,182 @@
+"""The transformers in PyTorch, run in the real torch environment: the zoo's parameter counts,
+explicit and fused attention computing the same function, training that lowers the validation
+loss, compilation timed apart from the steps, and the summary's language-model fields."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from matrun.runner.harness import models
+
+pytestmark = pytest.mark.slow
+
+BASE = {
+    "framework": "torch", "variant": "cpu", "device": "cpu", "gpus": None, "mode": "train",
+    "model": "gpt-tiny", "dataset": "synthetic-text", "synthetic_shape": None, "synthetic_classes": None,
+    "synthetic_train": 256, "synthetic_test": 32, "synthetic_vocab": 256, "seq_len": 64,
+    "train_limit": 0, "test_limit": 0, "epochs": 1, "iterations": 0, "batch_size": 16, "eval_batch_size": 64,
+    "optimizer": "adam", "lr": 0.003, "momentum": None, "weight_decay": 0.0, "warmup_steps": 2,
+    "threads": 2, "interop_threads": "unset", "cpuset": "", "onednn": True, "layout": None,
+    "precision": "fp32", "conv_algo": "heuristic", "layer_profile": False, "preset": "none",
+    "onednn_check": False, "seed": 0, "phase_sampling": 0,
+}
+
+
+def run(python: Path, stage: Path, run_dir: Path, data_dir: Path | str = "/nonexistent", **params: Any):
+    run_dir.mkdir(parents=True)
+    spec = {"schema_version": 1, "sweep": "test", "cell_id": "0123456789abcdef", "repeat": 0, "attempt": 1,
+            "env_id": "torch-cpu-test", "data_dir": str(data_dir), "params": {**BASE, **params}}
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(stage), OMP_NUM_THREADS="2")
+    proc = subprocess.run([str(python), "-m", "matrun.runner.harness", "--spec", str(run_dir / "spec.json"),
+                           "--out", str(run_dir)], capture_output=True, text=True, env=env, cwd=run_dir, timeout=600)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()] \
+        if (run_dir / "events.jsonl").exists() else []
+    return proc, events
+
+
+def one(events: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [e for e in events if e["type"] == kind]
+    assert len(found) == 1, kind
+    return found[0]
+
+
+def in_torch(python: Path, stage: Path, code: str) -> Any:
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=600,
+                          env={"PYTHONPATH": str(stage), "OMP_NUM_THREADS": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_transformer_has_the_zoo_parameter_count(torch_python, stage):
+    found = in_torch(torch_python, stage, """
+import json
+from matrun.runner.harness.adapters import _torch_transformers as tt
+from matrun.runner.harness.adapters.torch import parameter_count
+cases = [("gpt-tiny", (128,), 256), ("gpt2-small", (1024,), 50257), ("vit-tiny", (1, 28, 28), 10),
+         ("vit-tiny", (3, 32, 32), 10), ("vit-b16", (3, 224, 224), 1000)]
+print(json.dumps([parameter_count(tt.build(n, s, c, fused=True)) for n, s, c in cases]))
+""")
+    assert found == [models.transformer_param_count("gpt-tiny"), 124_439_808,
+                     models.transformer_param_count("vit-tiny", shape=(1, 28, 28), classes=10),
+                     models.transformer_param_count("vit-tiny", shape=(3, 32, 32), classes=10), 86_567_656]
+
+
+def test_explicit_and_fused_attention_compute_the_same_function(torch_python, stage):
+    """The same weights, one batch: the logits and the gradients of both agree to float32
+    rounding, causal (GPT) and not (ViT)."""
+    found = in_torch(torch_python, stage, """
+import json, torch
+from matrun.runner.harness.adapters import _torch_transformers as tt
+out = {}
+for name, shape, x in (("gpt-tiny", (32,), torch.randint(0, 256, (4, 32))),
+                       ("vit-tiny", (1, 28, 28), torch.randn(4, 1, 28, 28))):
+    torch.manual_seed(0); a = tt.build(name, shape, 10, fused=False)
+    torch.manual_seed(0); b = tt.build(name, shape, 10, fused=True)
+    ya, yb = a(x), b(x)
+    ya.square().mean().backward(); yb.square().mean().backward()
+    grad = max((p.grad - q.grad).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+    out[name] = [(ya - yb).abs().max().item(), ya.abs().max().item(), grad, list(ya.shape)]
+print(json.dumps(out))
+""")
+    for name, (diff, scale, grad, shape) in found.items():
+        assert diff <= 1e-5 * max(1.0, scale) and grad < 1e-5, (name, diff, grad)
+    assert found["gpt-tiny"][3] == [4, 256, 32]  # (batch, vocab, T)
+    assert found["vit-tiny"][3] == [4, 10]
+
+
+def test_the_causal_mask_hides_the_future(torch_python, stage):
+    found = in_torch(torch_python, stage, """
+import json, torch
+from matrun.runner.harness.adapters import _torch_transformers as tt
+res = []
+for fused in (False, True):
+    torch.manual_seed(0); m = tt.build("gpt-tiny", (16,), 256, fused=fused).eval()
+    x = torch.randint(0, 256, (1, 16)); z = x.clone(); z[0, 10:] = (z[0, 10:] + 1) % 256
+    res.append((m(x)[..., :10] - m(z)[..., :10]).abs().max().item())
+print(json.dumps(res))
+""")
+    assert found == [0.0, 0.0]
+
+
+def test_a_gpt_cell_trains_on_synthetic_text_and_reports_tokens_and_perplexity(torch_python, stage, tmp_path):
+    proc, events = run(torch_python, stage, tmp_path / "run", epochs=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert one(events, "model")["parameters"] == models.transformer_param_count("gpt-tiny")
+    assert one(events, "model")["flops"] == models.transformer_flops("gpt-tiny", seq_len=64)
+    data = one(events, "data")
+    assert data["shape"] == [64] and data["classes"] == 256 and data["train_size"] == 256
+    probe = one(events, "probe")["in_force"]
+    assert probe["attention"] == "fused" and probe["compile"] == "eager" and probe["attention_kernel"]
+    epochs = [e for e in events if e["type"] == "epoch"]
+    assert epochs[-1]["test_loss"] < math.log(256) - 1.0  # well below a uniform guess over 256 tokens
+    assert 0 <= epochs[-1]["test_accuracy"] <= 1
+    summary = one(events, "summary")
+    assert summary["seq_len"] == 64
+    assert math.isclose(summary["tokens_per_second"], summary["throughput"] * 64, rel_tol=1e-9)
+    assert math.isclose(summary["perplexity"], math.exp(epochs[-1]["test_loss"]), rel_tol=1e-9)
+    assert "compilation" not in summary
+
+
+def test_explicit_attention_is_recorded_in_force(torch_python, stage, tmp_path):
+    proc, events = run(torch_python, stage, tmp_path / "run", attention="explicit", iterations=4, epochs=None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    probe = one(events, "probe")
+    assert probe["in_force"]["attention"] == "explicit" and "attention_kernel" not in probe["in_force"]
+    assert probe["mismatches"] == []
+
+
+def test_a_vit_cell_trains_on_images(torch_python, stage, tmp_path):
+    proc, events = run(torch_python, stage, tmp_path / "run", model="vit-tiny", dataset="synthetic",
+                       synthetic_shape=[1, 28, 28], synthetic_classes=10, synthetic_vocab=None, seq_len=None,
+                       epochs=1, synthetic_train=128)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert one(events, "model")["parameters"] == models.transformer_param_count("vit-tiny", shape=(1, 28, 28),
+                                                                               classes=10)
+    summary = one(events, "summary")
+    assert "tokens_per_second" not in summary and summary["throughput"] > 0
+
+
+def test_a_compiled_cell_compiles_before_its_first_step_and_trains_as_eager_does(torch_python, stage, tmp_path):
+    """torch.compile's time lands in ``compilation``, not in a step; the compiled model starts
+    from the same weights and trains to the same loss as eager, to float rounding."""
+    eager, e_events = run(torch_python, stage, tmp_path / "eager", iterations=6, epochs=None, compile="eager",
+                          attention="explicit")
+    compiled, c_events = run(torch_python, stage, tmp_path / "compiled", iterations=6, epochs=None,
+                             compile="compiled", attention="explicit")
+    if compiled.returncode != 0 and "C++ compile" in compiled.stderr:
+        pytest.fail("torch.compile needs a C++ compiler in the torch environment: " + compiled.stderr[-500:])
+    assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr[-3000:]
+    record = one(c_events, "summary")["compilation"]
+    assert record["mode"] == "compiled" and record["seconds"] > 0 and record["batch_sizes"] == [16]
+    steps = [e["seconds"] for e in c_events if e["type"] == "step"]
+    assert max(steps) < record["seconds"]  # no step paid for the compilation
+    assert one(c_events, "probe")["in_force"]["compile"] == "compiled"
+    loss_e = [e for e in e_events if e["type"] == "epoch"][-1]["train_loss"]
+    loss_c = [e for e in c_events if e["type"] == "epoch"][-1]["train_loss"]
+    assert math.isclose(loss_e, loss_c, rel_tol=1e-3), (loss_e, loss_c)
+
+
+def test_fortunes_train_a_gpt_cell(torch_python, stage, tmp_path):
+    root = tmp_path / "data" / "fortunes"
+    root.mkdir(parents=True)
+    (root / "quotes").write_text("\n%\n".join(f"A fortune, number {i}, for the tests." for i in range(200)))
+    proc, events = run(torch_python, stage, tmp_path / "run", tmp_path / "data", dataset="fortunes",
+                       synthetic_vocab=None, synthetic_train=None, synthetic_test=None, seq_len=32, iterations=5,
+                       epochs=None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert one(events, "data")["dataset"] == "fortunes" and one(events, "data")["classes"] == 256
+
+
+def test_a_sequence_longer_than_the_positions_is_a_bad_spec(torch_python, stage, tmp_path):
+    proc, events = run(torch_python, stage, tmp_path / "run", seq_len=129)
+    assert proc.returncode == 2, proc.stderr
+    assert "[params -> seq_len] gpt-tiny has 128 positions" in proc.stderr and "Traceback" not in proc.stderr
