@@ -51,7 +51,8 @@ FILE_SECONDS = {
     "test_docker_sweep.py": 99, "test_docker_faults.py": 97, "test_cli_hardening.py": 88, "test_harness.py": 83,
     "test_hostile_inputs.py": 71, "test_chainer.py": 69, "test_canary.py": 69, "test_mxnet.py": 44,
     "test_system_python.py": 40, "test_docker_orphans.py": 30, "test_docker_executor.py": 27,
-    "test_transformers_torch.py": 60, "test_transformers_jax.py": 42,
+    "test_transformers_torch.py": 60, "test_transformers_jax.py": 42, "test_transformers_tf.py": 60,
+    "test_transformers_mxnet.py": 45,
     "test_local_executor.py": 17, "test_build.py": 10, "test_probe_blas.py": 10,
     # light files
     "test_warehouse_readers.py": 130, "test_materialise.py": 120, "test_ingest.py": 110, "test_export.py": 100,

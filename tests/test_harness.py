@@ -665,7 +665,7 @@ def test_spec_as_the_host_writes_it_is_accepted(tmp_path: Path) -> None:
     ({"model": "vgg16"}, '[params -> model] expected one of "lenet5", "cifar_cnn", "alexnet", "resnet18", '
                          '"resnet50", "gpt-tiny", "gpt2-small", "vit-tiny", "vit-b16", got "vgg16"'),
     ({"model": "resnet18", "synthetic_shape": [3, 32, 32], "layer_profile": True},
-     "[params -> layer_profile] needs a sequential network (lenet5, cifar_cnn, alexnet), not resnet18"),
+     "[params -> layer_profile] needs a sequential network (lenet5, cifar_cnn, alexnet) or a transformer, not resnet18"),
     ({"model": "alexnet", "dataset": "fashion-mnist"},
      "[params -> model] alexnet needs a larger input than 28×28 (the feature map vanishes at pool2)"),
     ({"mode": "inference", "optimizer": None, "lr": None, "momentum": None, "weight_decay": None,

@@ -291,7 +291,7 @@ IMPOSSIBLE = [
     ("autotune on the CPU", '[fixed]\nconv_algo = "autotune"\n',
      'matrix.toml: [fixed] conv_algo = "autotune" needs device = "gpu" (it selects cuDNN convolution algorithms)'),
     ("layer profile of a residual network", '[fixed]\nmodel = "resnet18"\nlayer_profile = true\n',
-     "matrix.toml: [fixed] layer_profile needs a sequential network (lenet5, cifar_cnn, alexnet), not resnet18"),
+     "matrix.toml: [fixed] layer_profile needs a sequential network (lenet5, cifar_cnn, alexnet) or a transformer, not resnet18"),
 ]
 
 

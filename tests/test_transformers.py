@@ -173,7 +173,6 @@ def test_transformer_keys_leave_every_other_cell_as_it_was():
     ({"model": "vit-tiny", "dataset": "synthetic", "synthetic_shape": [3, 30, 30]}, "synthetic_shape",
      "not a multiple of 4"),
     ({"model": "vit-tiny", "layout": "nhwc"}, "layout", "image layout"),
-    ({"model": "vit-tiny", "layer_profile": True}, "layer_profile", "not profiled yet"),
     ({"model": "vit-tiny", "input_pipeline": "loader"}, "input_pipeline", "preloaded"),
     ({"attention": "fused"}, "attention", "has no attention"),
 ])
@@ -194,7 +193,13 @@ def matrix(tmp_path: Path, body: str):
     ('model = "gpt-tiny"\ndataset = "fortunes"\nlayout = "nhwc"', "layout is an image layout"),
     ('model = "gpt-tiny"\ndataset = "fortunes"\nseq_len = 129', "seq_len gpt-tiny has 128 positions"),
     ('compile = "fast"', 'compile'),
+    ('framework = "tensorflow"\nmodel = "vit-tiny"\nlayer_profile = true', "transformer_layer_profile = true"),
+    ('framework = "jax"\nmodel = "gpt-tiny"\ndataset = "synthetic-text"\ncompile = "eager"', "no eager mode"),
+    ('framework = "tensorflow"\nmodel = "gpt-tiny"\ndataset = "synthetic-text"\nattention = "fused"',
+     "no fused scaled-dot-product kernel"),
     ('attention = "fused"', "attention lenet5 has no attention"),
+    ('framework = "theano"\ncompile = "eager"', "Theano compiles every graph into C"),
+    ('framework = "chainer"\ncompile = "compiled"', "Chainer runs define-by-run"),
 ])
 def test_the_host_refuses_them_before_anything_runs(tmp_path, fixed, words):
     with pytest.raises(MatrixError) as caught:

@@ -180,3 +180,18 @@ def test_a_sequence_longer_than_the_positions_is_a_bad_spec(torch_python, stage,
     proc, events = run(torch_python, stage, tmp_path / "run", seq_len=129)
     assert proc.returncode == 2, proc.stderr
     assert "[params -> seq_len] gpt-tiny has 128 positions" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_layer_profile_times_every_unit_under_its_group(torch_python, stage, tmp_path):
+    """layer_profile on a transformer: one layer record per unit of models.transformer_walk,
+    its group as the kind, the parameters summing to the model's (how the groups' shares move
+    with the sequence is a measurement: benchmarks/transformers.toml, not a test)."""
+    proc, events = run(torch_python, stage, tmp_path / "run", seq_len=32, iterations=3, epochs=None,
+                       layer_profile=True, attention="explicit")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    layers = [e for e in events if e["type"] == "layer"]
+    walked = list(models.transformer_walk("gpt-tiny", seq_len=32))
+    assert [(e["name"], e["kind"]) for e in layers] == [(u["name"], u["group"]) for u in walked]
+    assert sum(e["params"] for e in layers) == models.transformer_param_count("gpt-tiny")
+    assert [e["flops"] for e in layers] == [u["flops"] for u in walked]
+    assert all(e["forward_seconds"] > 0 and e["backward_seconds"] > 0 for e in layers)

@@ -11,6 +11,10 @@ Each callable must leave the device idle when ``sync`` returns.
 each timed alone with ``time.perf_counter`` (``sync`` inside the clock), and writes one
 ``layer`` event per layer with the median, the layer's trainable parameters and its forward
 FLOPs per sample (from ``models.walk``; layers it does not list, ReLU and dropout, have 0).
+A transformer's layers are its units (``models.transformer_walk``: the embedding, each
+block's two LayerNorms, attention and MLP, the final LayerNorm, the head), each recorded with
+its group as the kind — ``embedding``, ``norm``, ``attention``, ``mlp``, ``head`` — so the
+views and the ``largest_share`` check read them as they read a CNN's convolutions.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any, Callable
 
 from .errors import HarnessError
 from .events import EventLog
-from .models import MODELS, walk
+from .models import MODELS, is_language_model, is_transformer, transformer_walk, walk
 
 LAYER_WARMUP = 5
 LAYER_REPEATS = 20
@@ -70,11 +74,18 @@ def profile(log: EventLog, params: dict[str, Any], shape: tuple[int, int, int], 
             layer_ops: LayerOps, *, warmup: int = LAYER_WARMUP, repeats: int = LAYER_REPEATS) -> float:
     """Time every layer and write its ``layer`` event; return the seconds the profile took."""
     t_start = time.perf_counter()
-    layers = MODELS[params["model"]]
+    name = params["model"]
+    if is_transformer(name):  # its units, each under its group as the kind (models.TRANSFORMER_GROUPS)
+        walked = list(transformer_walk(name, seq_len=shape[0]) if is_language_model(name)
+                      else transformer_walk(name, shape=shape, classes=classes))  # type: ignore[arg-type]
+        layers = [(unit["group"], unit["name"]) for unit in walked]
+    else:
+        walked = list(walk(name, shape, classes))
+        layers = MODELS[name]
     if len(layer_ops.ops) != len(layers):
-        raise HarnessError(f"layer profile of {params['model']}: the adapter gave {len(layer_ops.ops)} layers, "
+        raise HarnessError(f"layer profile of {name}: the adapter gave {len(layer_ops.ops)} layers, "
                            f"the model has {len(layers)}")
-    counted = {info["name"]: info for info in walk(params["model"], shape, classes)}
+    counted = {info["name"]: info for info in walked}
     for index, (layer, op) in enumerate(zip(layers, layer_ops.ops)):
         forward = median_seconds(op.forward, layer_ops.sync, warmup=warmup, repeats=repeats)
         backward = (median_seconds(op.backward, layer_ops.sync, warmup=warmup, repeats=repeats)

@@ -454,8 +454,8 @@ def transformer_problem(params: Mapping[str, Any]) -> tuple[str, str] | None:
     """What does not fit between the model, the dataset and the transformer keys, as (key, the
     words after it), or None: a language model needs token data and images need a CNN or a ViT;
     a sequence longer than the model's positions, a vocabulary larger than its embedding, a ViT
-    patch that does not divide the image; ``layout`` (an image layout), ``layer_profile``,
-    ``first_layer_backward`` and the data loader are not for transformers (yet: docs/TRANSFORMERS.md);
+    patch that does not divide the image; ``layout`` (an image layout), ``first_layer_backward``
+    and the data loader are not for transformers (yet: docs/TRANSFORMERS.md);
     ``attention`` needs a transformer."""
     model, dataset = params["model"], params["dataset"]
     text = dataset in TEXT_DATASETS
@@ -471,9 +471,6 @@ def transformer_problem(params: Mapping[str, Any]) -> tuple[str, str] | None:
     if params.get("layout") not in (None, "nchw"):
         return ("layout", f"is an image layout of the CNNs' activations; {model} is a transformer (its "
                           "activations are tokens × width): leave layout out")
-    if params.get("layer_profile"):
-        return ("layer_profile", f"times the CNNs' layers one by one; {model} is a transformer (its "
-                                 "layer groups are not profiled yet)")
     if setting(params, "first_layer_backward") != "skip":
         return ("first_layer_backward", f"is a CNN setting; {model} has no first layer of that kind")
     if setting(params, "input_pipeline") != "preloaded":
@@ -498,8 +495,9 @@ def transformer_problem(params: Mapping[str, Any]) -> tuple[str, str] | None:
 def layer_profile_problem(params: Mapping[str, Any]) -> str | None:
     """Why ``layer_profile`` cannot time the model's layers one by one (a network with residual
     blocks), as the words after the key, or None."""
-    if params["layer_profile"] and params["model"] not in sequential_models():
-        return f"needs a sequential network ({', '.join(sequential_models())}), not {params['model']}"
+    if params["layer_profile"] and not is_transformer(params["model"]) and params["model"] not in sequential_models():
+        return (f"needs a sequential network ({', '.join(sequential_models())}) or a transformer, "
+                f"not {params['model']}")
     return None
 
 

@@ -542,6 +542,9 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
     if is_transformer(out["model"]) and not fw.transformers:
         why = fw.transformers_reason or "its adapter does not build them yet (docs/TRANSFORMERS.md \"Transformers\")"
         raise ParamError(f"model {out['model']} is a transformer; {display_name(out['framework'])} has none: {why}")
+    if is_transformer(out["model"]) and out["layer_profile"] and not fw.transformer_layer_profile:
+        raise ParamError(f"layer_profile of a transformer is timed in the frameworks whose framework.toml says "
+                         f"transformer_layer_profile = true; {display_name(out['framework'])}'s does not (yet)")
     reason = fw.refusal(out)
     if reason:
         raise ParamError(f"{out['framework']} cannot run this cell: {reason}")

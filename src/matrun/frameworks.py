@@ -201,6 +201,8 @@ class Framework:
     # them refuses a gpt-* / vit-* cell at plan time with ``transformers_reason``
     transformers: bool = False
     transformers_reason: str = ""
+    # Whether ``layer_profile`` times a transformer's units (its adapter's ``layer_ops``)
+    transformer_layer_profile: bool = False
 
     def preset_for(self, preset: str, family: str) -> Mapping[str, Any] | None:
         """The parameters ``preset`` gives this framework for a dataset family, or None."""
@@ -303,7 +305,7 @@ def display_name(name: str) -> str:
 DEFAULT_PRESET = "framework-default"
 NAMED_PRESETS = tuple(p for p in PRESETS if p not in ("none", DEFAULT_PRESET))
 _TOP_KEYS = ("name", "display_name", "default", "import_check", "builtin_blas", "onednn", "compile_cache", "transformers",
-             "transformers_reason", "env",
+             "transformers_reason", "transformer_layer_profile", "env",
              "unsupported",
              "defaults",
              "presets", *(f"presets-{p}" for p in NAMED_PRESETS), "workers", "variants")
@@ -388,6 +390,7 @@ def _parse(folder: str, doc: dict[str, Any]) -> Framework:
         compile_cache=_flag(file, "compile_cache", doc.get("compile_cache", False)),
         transformers=_flag(file, "transformers", doc.get("transformers", False)),
         transformers_reason=_text(file, "transformers_reason", doc.get("transformers_reason", "")),
+        transformer_layer_profile=_flag(file, "transformer_layer_profile", doc.get("transformer_layer_profile", False)),
         workers=_parse_workers(file, doc.get("workers", {})),
     )
 

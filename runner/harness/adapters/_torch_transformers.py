@@ -157,3 +157,82 @@ def in_force(params: dict[str, Any], device: torch.device, model_name: str, seq:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(params["precision"], torch.float32)
         out["attention_kernel"] = fused_backend(device, dtype, t.heads, seq, t.head_width, t.kind == "gpt")
     return out
+
+
+class _Embed(nn.Module):
+    """GPT's token + position embedding as one unit (the layer profile's ``embed``)."""
+
+    def __init__(self, gpt: GPT) -> None:
+        super().__init__()
+        self.tok, self.pos = gpt.tok, gpt.pos
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+
+
+class _PatchEmbed(nn.Module):
+    """ViT's patches, class token and position embedding as one unit."""
+
+    def __init__(self, vit: ViT) -> None:
+        super().__init__()
+        self.vit = vit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = self.vit
+        h = v.patch(x).flatten(2).transpose(1, 2)
+        return torch.cat([v.cls.expand(h.shape[0], -1, -1), h], dim=1) + v.pos
+
+    def parameters(self, recurse: bool = True):  # type: ignore[no-untyped-def,override]
+        v = self.vit
+        return iter([*v.patch.parameters(), v.cls, v.pos])
+
+
+class _TiedHead(nn.Module):
+    def __init__(self, gpt: GPT) -> None:
+        super().__init__()
+        self.weight = gpt.tok.weight
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.weight.t()
+
+
+class _ClassHead(nn.Module):
+    def __init__(self, vit: ViT) -> None:
+        super().__init__()
+        self.head = vit.head
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.head(h[:, 0])
+
+
+def units(model: nn.Module) -> list[tuple[nn.Module, bool]]:
+    """The transformer's units in ``models.transformer_walk`` order, each with whether its
+    output is added to the residual stream (attention and MLP) or replaces it."""
+    out: list[tuple[nn.Module, bool]] = [(_Embed(model) if isinstance(model, GPT) else _PatchEmbed(model), False)]
+    for block in model.blocks:
+        out += [(block.ln1, False), (block.attn, True), (block.ln2, False), (block.mlp, True)]
+    out.append((model.ln_f, False))
+    out.append((_TiedHead(model) if isinstance(model, GPT) else _ClassHead(model), False))
+    return out
+
+
+def unit_inputs(listed: list[tuple[nn.Module, bool]], x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One connected forward pass through ``units(model)``: each unit's input and output on ``x``.  A block is
+    ``r = r + attn(ln1(r))``, ``r = r + mlp(ln2(r))``: ln1 and ln2 read the residual stream,
+    attention and the MLP read their norm's output."""
+    inputs, outputs = [], []
+    h = x
+    residual = None
+    for unit, adds in listed:
+        inp = residual if isinstance(unit, nn.LayerNorm) and residual is not None else h
+        out = unit(inp)
+        inputs.append(inp)
+        outputs.append(out)
+        if adds:
+            residual = residual + out
+            h = residual
+        elif isinstance(unit, (_Embed, _PatchEmbed)):
+            residual = h = out
+        else:
+            h = out
+    return inputs, outputs

@@ -86,6 +86,8 @@ def check(params: dict[str, Any]) -> str | None:
     model = params["model"]
     if model not in MODELS:
         return f"[params -> model] unknown model {model!r} for chainer (known: {', '.join(MODELS)})"
+    if setting(params, "compile") == "compiled":
+        return "[params -> compile] Chainer runs define-by-run, op by op: it has no graph compiler"
     if params["device"] != "cpu":
         return "[params -> device] Chainer's GPU backend is CuPy, which this environment does not have (CPU only)"
     if (params.get("workers") or 1) > 1 or (params.get("nodes") or 1) > 1:
@@ -160,6 +162,7 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         "cupy_available": cupy,
         "device": "cpu",
         "layout": "nchw",
+        "compile": "eager",  # define-by-run: op by op
         "precision": params["precision"],
         "dtype": "mixed16" if cfg.dtype is chainer.mixed16 else np.dtype(cfg.dtype).name,
         "numpy_version": np.__version__,

@@ -113,6 +113,8 @@ def check(params: dict[str, Any]) -> str | None:
     if setting(params, "compile") == "eager":
         return ("[params -> compile] JAX compiles every step with XLA (jax.jit): it has no eager mode that "
                 "matrun measures; leave compile out (or \"compiled\")")
+    if is_transformer(model) and params["layer_profile"]:
+        return "[params -> layer_profile] the jax adapter does not time a transformer's units (yet)"
     if is_transformer(model) and (distributed.multi_process(params) or (params["gpus"] or 1) > 1):
         return ("[params -> model] the jax transformers run on one device in one process here (their "
                 "sharded step is not written yet): use workers = 1, gpus = 1")

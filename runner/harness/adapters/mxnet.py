@@ -67,8 +67,10 @@ from ..datasets import IDX_SHAPES, Dataset, Split
 from ..events import EventLog
 from ..layers import LayerOp, LayerOps
 from ..phases import StepClock, calibration, time_collective
-from ..spec import setting
+from ..spec import model_problem, setting
+from ..text import TokenSplit
 from . import TrainOutcome
+from . import _mxnet_transformers as transformers
 
 #: Seconds ``Feed.close`` waits for the loader's worker pool to stop before killing it.
 CLOSE_WAIT_S = 5.0
@@ -91,6 +93,19 @@ np: Any = None
 
 def check(params: dict[str, Any]) -> str | None:
     model = params["model"]
+    if zoo.is_transformer(model):
+        if params["layer_profile"]:
+            return "[params -> layer_profile] the mxnet adapter does not time a transformer's units (yet)"
+        if setting(params, "attention") == "fused":
+            return ("[params -> attention] matrun's MXNet transformers compute attention explicitly (MXNet's "
+                    "fused self-attention operators take an interleaved layout not wired here): use "
+                    "attention = \"explicit\"")
+        if params.get("kvstore") not in (None, "device") or (params["gpus"] or 1) > 1 or distributed.multi_process(params):
+            return ("[params -> model] the mxnet transformers run on one device in one process here: use "
+                    "workers = 1, gpus = 1, kvstore = \"device\"")
+        if params["precision"] != "fp32":
+            return f"[params -> precision] the mxnet transformers run in fp32 here, not {params['precision']}"
+        return model_problem(params)
     if model not in MODELS:
         return f"[params -> model] unknown model {model!r} for mxnet (known: {', '.join(MODELS)})"
     shape, classes = _input(params)
@@ -158,7 +173,11 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         "openblas_coretype": blas,
         "precision": params["precision"],
         "layout": params["layout"],
+        # hybridized: one static graph (the adapter's default); eager: imperative Gluon
+        "compile": "eager" if setting(params, "compile") == "eager" else "compiled",
     }
+    if zoo.is_transformer(params["model"]):
+        in_force["attention"] = "explicit"
     mismatches = []
     if device == "gpu" and used == "gpu":
         # 0: cuDNN's heuristic; 1 (MXNet's default) and 2: autotuned (docs/frameworks/mxnet.md)
@@ -193,10 +212,12 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     x_test, y_test = _arrays(dataset.test, dataset.shape, ctxs[0])
     held = _arrays(dataset.validation, dataset.shape, ctxs[0]) if dataset.validation and wctx.chief else None
     amp = _amp(params)
-    net = build(params["model"], dataset.shape, dataset.classes)
+    net = _net(params, dataset)
     net.initialize(_initializer(), ctx=ctxs)
-    net.hybridize(static_alloc=True, static_shape=True)
+    _hybridize(params, net)
     _emit_model(log, params, dataset, net)
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    compilation = _warm(params, net, loss_fn, x_train, y_train, params["batch_size"])
     kind = params.get("kvstore") or "device"
     dist = kind in distributed.DIST_KVSTORES
     calibrated = None
@@ -209,7 +230,6 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
                                    kvstore="device" if len(ctxs) > 1 else None)
     if amp is not None:
         amp.init_trainer(trainer)
-    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
     shuffle = random.Random(params["seed"])
     iterations = params["iterations"]
     batch = distributed.global_batch(params) if dist else params["batch_size"]
@@ -220,7 +240,8 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
 
     def outcome(**more: Any) -> TrainOutcome:
         return TrainOutcome(model=net, exchange=_exchange(exchange, log, kind, net, calibrated),
-                            input_gradient_steps=gradients[0], input_pipeline=feed.describe(), **more)
+                            input_gradient_steps=gradients[0], input_pipeline=feed.describe(),
+                            compilation=compilation, **more)
 
     epoch, done = 0, 0
     try:
@@ -317,10 +338,11 @@ def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     ctxs = _contexts(params)
     x, _ = _arrays(dataset.test, dataset.shape, ctxs[0])
     _amp(params)
-    net = build(params["model"], dataset.shape, dataset.classes)
+    net = _net(params, dataset)
     net.initialize(_initializer(), ctx=ctxs)
-    net.hybridize(static_alloc=True, static_shape=True)
+    _hybridize(params, net)
     _emit_model(log, params, dataset, net)
+    compilation = _warm(params, net, None, x, None, params["batch_size"])
     batch_size, count = params["batch_size"], x.shape[0]
     per_pass = math.ceil(count / batch_size)
     batches = params["iterations"] or per_pass
@@ -338,7 +360,7 @@ def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         t1 = time.perf_counter()
         record((index // per_pass, t0, t1, xb.shape[0]))
     seconds = time.perf_counter() - t_all
-    return TrainOutcome(model=net, inference_seconds=seconds)
+    return TrainOutcome(model=net, inference_seconds=seconds, compilation=compilation)
 
 
 def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
@@ -497,8 +519,65 @@ _RESIDUAL: Any = None
 
 
 def _emit_model(log: EventLog, params: dict[str, Any], dataset: Dataset, net: Any) -> None:
-    log.emit("model", name=params["model"], parameters=parameter_count(net),
-             flops=zoo.forward_flops(params["model"], dataset.shape, dataset.classes))
+    name = params["model"]
+    if zoo.is_language_model(name):
+        flops = zoo.transformer_flops(name, seq_len=dataset.shape[0])
+    elif zoo.is_transformer(name):
+        flops = zoo.transformer_flops(name, shape=dataset.shape, classes=dataset.classes)
+    else:
+        flops = zoo.forward_flops(name, dataset.shape, dataset.classes)
+    log.emit("model", name=name, parameters=parameter_count(net), flops=flops)
+
+
+def _net(params: dict[str, Any], dataset: Dataset) -> Any:
+    """The cell's network: a CNN of the zoo, or a transformer (``_mxnet_transformers``)."""
+    if zoo.is_transformer(params["model"]):
+        try:
+            return transformers.build(params["model"], dataset.shape, dataset.classes)
+        except ValueError as exc:
+            raise HarnessError(str(exc)) from exc
+    return build(params["model"], dataset.shape, dataset.classes)
+
+
+def _hybridize(params: dict[str, Any], net: Any) -> None:
+    """Compile the network into one static graph (MXNet's ``hybridize``: the adapter's default,
+    ``compile`` "default" or "compiled"), or leave it imperative (``compile = "eager"``)."""
+    if setting(params, "compile") != "eager":
+        net.hybridize(static_alloc=True, static_shape=True)
+
+
+def _warm(params: dict[str, Any], net: Any, loss_fn: Any, x: Any, y: Any, batch_size: int) -> dict[str, Any] | None:
+    """``compile = "compiled"``: build the hybridized graphs before the first timed step — a
+    forward (and, training, a backward: both cached ops) on each batch shape the steps will
+    see — with the gradients left unused (the first step overwrites them) and BatchNorm's
+    running statistics put back; the seconds are the summary's ``compilation``.  Otherwise
+    None: the default hybridizes too, at the first (warm-up) step, as before ``compile``."""
+    if setting(params, "compile") != "compiled":
+        return None
+    count = x.shape[0]
+    sizes = sorted({min(batch_size, count), count % batch_size} - {0}, reverse=True)
+    stats = {name: p.data().copy() for name, p in net.collect_params(".*running.*").items()}
+    t0 = time.perf_counter()
+    for size in sizes:
+        if y is None:
+            net(x[:size])
+        else:
+            with mx.autograd.record():
+                loss = loss_fn(net(x[:size]), y[:size])
+            loss.backward()
+        mx.nd.waitall()
+    seconds = time.perf_counter() - t0
+    for name, value in stats.items():
+        net.collect_params()[name].set_data(value)
+    return {"mode": "compiled", "implementation": f"gluon hybridize(static_alloc, static_shape) (mxnet {mx.__version__})",
+            "seconds": round(seconds, 6), "batch_sizes": sizes, "backward": y is not None}
+
+
+def _hits(out: Any, y: Any) -> Any:
+    """Correct predictions in a batch, per sample: a sequence's share of its positions whose
+    next token was predicted (next-token accuracy), an image's 0 or 1."""
+    right = out.astype("float32").argmax(axis=-1) == y
+    return right.reshape((0, -1)).mean(axis=1).sum()
 
 
 def parameter_count(net: Any) -> int:
@@ -624,7 +703,7 @@ def _train_epoch(net: Any, trainer: Any, loss_fn: Any, amp: Any, x: Any, y: Any,
         for o, lo, yp in zip(outs, losses, yparts):
             o = o.astype("float32")
             loss_sum += lo.astype("float32").sum().as_in_context(ctxs[0])
-            correct += (o.argmax(axis=1) == yp).sum().as_in_context(ctxs[0])
+            correct += _hits(o, yp).as_in_context(ctxs[0])
         if gradients is not None:  # 1 when every part's input gradient has a non-zero element
             computed += nd.min(nd.concat(*[(xp.grad.abs().sum() > 0).reshape((1,)).as_in_context(ctxs[0])
                                            for xp in xparts], dim=0)).reshape((1,))
@@ -649,7 +728,7 @@ def evaluate(net: Any, loss_fn: Any, x: Any, y: Any, ctxs: list[Any], batch_size
         xb, yb = x[start:start + batch_size], y[start:start + batch_size]
         out = net(xb).astype("float32")
         loss_sum += loss_fn(out, yb).sum()
-        correct += (out.argmax(axis=1) == yb).sum()
+        correct += _hits(out, yb)
     loss_value, correct_value = float(loss_sum.asscalar()), float(correct.asscalar())
     seconds = time.perf_counter() - t0
     return loss_value / count, correct_value / count, seconds
@@ -718,7 +797,11 @@ def _input(params: dict[str, Any]) -> tuple[tuple[int, int, int], int]:
 
 
 def _arrays(split: Split, shape: tuple[int, int, int], ctx: Any, limit: int | None = None) -> tuple[Any, Any]:
-    """float32 images normalised to [-1, 1] (mean 0.5, std 0.5 after /255) and float32 labels on ``ctx``."""
+    """float32 images normalised to [-1, 1] (mean 0.5, std 0.5 after /255) and float32 labels on ``ctx``;
+    token data: inputs and targets (count, seq_len), as float32 (what ``Embedding`` and the loss take)."""
+    if isinstance(split, TokenSplit):
+        xs, ys = split.arrays(np, limit or 0)
+        return mx.nd.array(xs, ctx=ctx, dtype="float32"), mx.nd.array(ys, ctx=ctx, dtype="float32")
     count = split.count if limit is None else min(limit, split.count)
     pixels = np.frombuffer(bytes(split.images), dtype=np.uint8)[:count * shape[0] * shape[1] * shape[2]]
     x = (pixels.reshape(count, *shape).astype(np.float32) / 255.0 - 0.5) / 0.5

@@ -59,11 +59,14 @@ from ..datasets import Dataset, Split
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO
-from ..models import block_layers, block_out_channels, forward_flops, walk
+from ..models import (TRANSFORMERS, block_layers, block_out_channels, forward_flops, is_language_model,
+                      is_transformer, transformer_flops, walk)
 from ..phases import StepClock, calibration, time_collective
 from ..probe import thread_census
-from ..spec import setting
+from ..spec import model_problem, setting
+from ..text import TokenSplit
 from . import TrainOutcome
+from . import _tf_transformers as transformers
 
 NAME = "tensorflow"
 # (C, H, W) and classes of the datasets whose shape is fixed (synthetic: from the spec).
@@ -82,8 +85,18 @@ EXCHANGE_PROBE_ROUNDS = 8
 def check(params: dict[str, Any]) -> str | None:
     """What TensorFlow cannot run (the host refuses the same through framework.toml)."""
     model = params["model"]
+    if is_transformer(model):
+        if params["layer_profile"]:
+            return "[params -> layer_profile] the tensorflow adapter does not time a transformer's units (yet)"
+        if setting(params, "attention") == "fused":
+            return ("[params -> attention] TensorFlow has no fused scaled-dot-product kernel of its own (Keras 3's "
+                    "flash path runs on the JAX and PyTorch back ends only): use attention = \"explicit\"")
+        if distributed.multi_process(params) or (params["gpus"] or 1) > 1:
+            return ("[params -> model] the tensorflow transformers run on one device in one process here: use "
+                    "workers = 1, gpus = 1")
+        return model_problem(params)
     if model not in ZOO:
-        return f"[params -> model] unknown model {model!r} for tensorflow (known: {', '.join(ZOO)})"
+        return f"[params -> model] unknown model {model!r} for tensorflow (known: {', '.join((*ZOO, *TRANSFORMERS))})"
     if params["device"] == "cpu" and params["precision"] == "tf32":
         return "[params -> precision] TF32 is a feature of NVIDIA Ampere and later GPUs"
     if params["device"] == "cpu" and params["layout"] == "nchw" and not params["onednn"]:
@@ -133,6 +146,8 @@ def configure(params: dict[str, Any]) -> None:
     except RuntimeError:
         pass  # already started: probe reports the counts in force as mismatches
     keras.utils.set_random_seed(params["seed"])
+    # compile = "eager": every tf.function runs op by op (TensorFlow's own default is a graph)
+    tf.config.run_functions_eagerly(setting(params, "compile") == "eager")
     keras.config.set_image_data_format("channels_first" if params["layout"] == "nchw" else "channels_last")
     keras.mixed_precision.set_global_policy(POLICIES[params["precision"]])
     if params["device"] == "gpu":
@@ -165,7 +180,12 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         "keras_version": keras.__version__,
         "keras_backend": keras.backend.backend(),
         "thread_census": census,
+        # graph: tf.function (TensorFlow's default); compiled: tf.function(jit_compile=True), XLA;
+        # eager: tf.config.run_functions_eagerly
+        "compile": _compile_mode(params),
     }
+    if is_transformer(params["model"]):
+        in_force["attention"] = "explicit"
     if _MULTI_WORKER is not None:
         ctx = distributed.current()
         in_force.update(rank=ctx.rank, world_size=ctx.world,
@@ -208,19 +228,20 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         x_test, y_test = tensors(dataset.test, dataset.shape, params["layout"])
         held = (tensors(dataset.validation, dataset.shape, params["layout"])
                 if dataset.validation and ctx.chief else None)
-        net = build(params["model"], dataset.shape, dataset.classes, params["layout"])
+        net = _net(params, dataset)
         optimizer = make_optimizer(params)
         optimizer.build(net.model.trainable_variables)
-    log.emit("model", name=params["model"], parameters=trainable_parameters(net.model),
-             flops=forward_flops(params["model"], dataset.shape, dataset.classes))
+    log.emit("model", name=params["model"], parameters=trainable_parameters(net.model), flops=_flops(params, dataset))
     full = setting(params, "first_layer_backward") == "full"
     calibrated = None
     if ctx.distributed:  # the workers have joined (the variables' initial values were broadcast)
         with placement.scope():
             calibrated = _calibrate(placement, ctx, gpu=params["device"] == "gpu")
+    jit = setting(params, "compile") == "compiled"
     step = train_step(net.model, optimizer, params["weight_decay"], dataset.shape, params["layout"],
-                      placement.strategy, local_results=ctx.distributed, input_gradient=full)
-    evaluate_fn = eval_step(net.model, dataset.shape, params["layout"])
+                      placement.strategy, local_results=ctx.distributed, input_gradient=full, jit=jit)
+    evaluate_fn = eval_step(net.model, dataset.shape, params["layout"], jit=jit)
+    compilation = _trace(step, params)
     iterations, patience = params["iterations"], setting(params, "early_stopping")
     notes = []
     if params["warmup_steps"] == 0:
@@ -229,7 +250,8 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
 
     def outcome(**more: Any) -> TrainOutcome:
         return TrainOutcome(notes=notes, model=net, peak_device_memory_bytes=placement.peak_memory(),
-                            input_gradient_steps=gradients[0], input_pipeline=feed.describe(), **more)
+                            input_gradient_steps=gradients[0], input_pipeline=feed.describe(),
+                            compilation=compilation, **more)
 
     epoch, done = 0, 0
     while (done < iterations) if iterations else (epoch < params["epochs"]):
@@ -274,10 +296,9 @@ def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     placement = _placement(params)
     with placement.scope():
         x_test, _ = tensors(dataset.test, dataset.shape, params["layout"])
-        net = build(params["model"], dataset.shape, dataset.classes, params["layout"])
-    log.emit("model", name=params["model"], parameters=trainable_parameters(net.model),
-             flops=forward_flops(params["model"], dataset.shape, dataset.classes))
-    forward = predict_step(net.model, dataset.shape, params["layout"])
+        net = _net(params, dataset)
+    log.emit("model", name=params["model"], parameters=trainable_parameters(net.model), flops=_flops(params, dataset))
+    forward = predict_step(net.model, dataset.shape, params["layout"], jit=setting(params, "compile") == "compiled")
     n, batch = dataset.test.count, params["batch_size"]
     starts = list(range(0, n, batch))
     total = params["iterations"] or len(starts)
@@ -508,6 +529,45 @@ def trainable_parameters(model: Any) -> int:
     return sum(math.prod(v.shape) for v in model.trainable_variables)
 
 
+def _net(params: dict[str, Any], dataset: Dataset) -> Network:
+    """The cell's network: a CNN of the zoo, or a transformer (``_tf_transformers``; no units:
+    the layer profile does not time transformers)."""
+    if is_transformer(params["model"]):
+        try:
+            return Network(transformers.build(params["model"], dataset.shape, dataset.classes, params["layout"]), [])
+        except ValueError as exc:
+            raise HarnessError(str(exc)) from exc
+    return build(params["model"], dataset.shape, dataset.classes, params["layout"])
+
+
+def _flops(params: dict[str, Any], dataset: Dataset) -> int:
+    name = params["model"]
+    if is_language_model(name):
+        return transformer_flops(name, seq_len=dataset.shape[0])
+    if is_transformer(name):
+        return transformer_flops(name, shape=dataset.shape, classes=dataset.classes)
+    return forward_flops(name, dataset.shape, dataset.classes)
+
+
+def _compile_mode(params: dict[str, Any]) -> str:
+    mode = setting(params, "compile")
+    return {"eager": "eager", "compiled": "compiled"}.get(mode, "graph")
+
+
+def _trace(step: Any, params: dict[str, Any]) -> dict[str, Any] | None:
+    """``compile = "compiled"``: trace the training step's graph before the first step (its
+    input signature fixes every shape but the batch) and record the seconds.  XLA compiles the
+    traced graph for each batch size at its first call: that lands in the first step, one of
+    the warm-up steps (docs/TRANSFORMERS.md "Compilation")."""
+    if setting(params, "compile") != "compiled":
+        return None
+    t0 = time.perf_counter()
+    step.get_concrete_function()
+    return {"mode": "compiled", "implementation": f"tf.function(jit_compile=True), XLA (tensorflow {tf.__version__})",
+            "seconds": round(time.perf_counter() - t0, 6), "phase": "tracing; XLA compiles at each batch "
+            "size's first step (a warm-up step)", "backward": True}
+
+
 # --- training, evaluation, inference -------------------------------------------------------
 
 
@@ -529,14 +589,27 @@ def make_optimizer(params: dict[str, Any]) -> Any:
     return opt
 
 
-def _signature(shape: tuple[int, int, int], layout: str) -> Any:
+def _signature(shape: tuple[int, ...], layout: str | None) -> Any:
+    """The inputs' spec: images (NCHW unless the layout is NHWC), or token ids (batch, T)."""
+    if len(shape) == 1:
+        return tf.TensorSpec([None, shape[0]], tf.int32)
     c, h, w = shape
-    return tf.TensorSpec([None, c, h, w] if layout == "nchw" else [None, h, w, c], tf.float32)
+    return tf.TensorSpec([None, h, w, c] if layout == "nhwc" else [None, c, h, w], tf.float32)
+
+
+def _label_spec(shape: tuple[int, ...]) -> Any:
+    """The labels' spec: a class per image, or a next token per position."""
+    return tf.TensorSpec([None, shape[0]] if len(shape) == 1 else [None], tf.int64)
+
+
+def _per_sample(values: Any) -> Any:
+    """A sequence's per-position values averaged to one per sample (a no-op for (batch,))."""
+    return tf.reduce_mean(values, axis=-1) if len(values.shape) > 1 else values
 
 
 def train_step(model: Any, optimizer: Any, weight_decay: float, shape: tuple[int, int, int], layout: str,
                strategy: Any = None, local_results: bool = False,
-               input_gradient: bool = False) -> Callable[..., tuple[Any, ...]]:
+               input_gradient: bool = False, jit: bool = False) -> Callable[..., tuple[Any, ...]]:
     """``step(x, y) -> (summed loss, correct count)``: forward, loss, backward, update, one graph.
 
     With a MirroredStrategy each replica takes every n-th sample of the batch; the loss is
@@ -559,7 +632,8 @@ def train_step(model: Any, optimizer: Any, weight_decay: float, shape: tuple[int
             if input_gradient:
                 tape.watch(x)
             logits = tf.cast(model(x, training=True), tf.float32)
-            loss_sum = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+            loss_sum = tf.reduce_sum(_per_sample(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y,
+                                                                                                   logits=logits)))
             loss = loss_sum / total
             if weight_decay:
                 l2 = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables])
@@ -570,12 +644,12 @@ def train_step(model: Any, optimizer: Any, weight_decay: float, shape: tuple[int
         else:
             grads = tape.gradient(scaled, variables)
         optimizer.apply(grads, variables)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.int64))
+        correct = tf.reduce_sum(_per_sample(tf.cast(tf.equal(tf.argmax(logits, axis=-1), y), tf.float32)))
         if input_gradient:
             return loss_sum, correct, tf.cast(tf.reduce_any(tf.not_equal(x_grad, 0)), tf.int64)
         return loss_sum, correct
 
-    @tf.function(input_signature=[_signature(shape, layout), tf.TensorSpec([None], tf.int64)])
+    @tf.function(input_signature=[_signature(shape, layout), _label_spec(shape)], jit_compile=jit or None)
     def step(x: Any, y: Any) -> tuple[Any, ...]:
         total = tf.cast(tf.shape(y)[0], tf.float32)
         if strategy is None:
@@ -595,18 +669,19 @@ def train_step(model: Any, optimizer: Any, weight_decay: float, shape: tuple[int
     return step
 
 
-def eval_step(model: Any, shape: tuple[int, int, int], layout: str) -> Callable[[Any, Any], tuple[Any, Any]]:
-    @tf.function(input_signature=[_signature(shape, layout), tf.TensorSpec([None], tf.int64)])
+def eval_step(model: Any, shape: tuple[int, ...], layout: str | None,
+              jit: bool = False) -> Callable[[Any, Any], tuple[Any, Any]]:
+    @tf.function(input_signature=[_signature(shape, layout), _label_spec(shape)], jit_compile=jit or None)
     def step(x: Any, y: Any) -> tuple[Any, Any]:
         logits = tf.cast(model(x, training=False), tf.float32)
-        loss_sum = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-        return loss_sum, tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.int64))
+        loss_sum = tf.reduce_sum(_per_sample(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)))
+        return loss_sum, tf.reduce_sum(_per_sample(tf.cast(tf.equal(tf.argmax(logits, axis=-1), y), tf.float32)))
 
     return step
 
 
-def predict_step(model: Any, shape: tuple[int, int, int], layout: str) -> Callable[[Any], Any]:
-    @tf.function(input_signature=[_signature(shape, layout)])
+def predict_step(model: Any, shape: tuple[int, ...], layout: str | None, jit: bool = False) -> Callable[[Any], Any]:
+    @tf.function(input_signature=[_signature(shape, layout)], jit_compile=jit or None)
     def step(x: Any) -> Any:
         return model(x, training=False)
 
@@ -676,7 +751,7 @@ def _train_epoch(step: Callable[..., tuple[Any, ...]], x: Any, y: Any, *, epoch:
             computed.append(results[2])
         seen += distributed.local_count(size, ctx.rank, ctx.world)
     loss_value = float(tf.add_n(sums).numpy()) if sums else math.nan
-    correct_value = int(tf.add_n(counts).numpy()) if counts else 0
+    correct_value = float(tf.add_n(counts).numpy()) if counts else 0.0
     if computed:
         gradients[0] += int(tf.add_n(computed).numpy())  # type: ignore[index]
     if feed is not None:
@@ -806,7 +881,7 @@ def evaluate(step: Callable[[Any, Any], tuple[Any, Any]], x: Any, y: Any, batch_
         sums.append(loss_sum)
         counts.append(correct)
     sync()
-    loss_value, correct_value = float(tf.add_n(sums).numpy()), int(tf.add_n(counts).numpy())
+    loss_value, correct_value = float(tf.add_n(sums).numpy()), float(tf.add_n(counts).numpy())
     seconds = time.perf_counter() - t0
     return loss_value / n, correct_value / n, seconds
 
@@ -934,7 +1009,12 @@ def pixels(split: Split, shape: tuple[int, int, int]) -> tuple[Any, Any]:
 
 
 def tensors(split: Split, shape: tuple[int, int, int], layout: str) -> tuple[Any, Any]:
-    """float32 images normalised to [-1, 1] (NCHW or NHWC) and int64 labels, on the current device."""
+    """float32 images normalised to [-1, 1] (NCHW or NHWC) and int64 labels, on the current device;
+    token data: int32 inputs and int64 targets, (count, seq_len) each."""
+    if isinstance(split, TokenSplit):
+        import numpy as np
+        xs, ys = split.arrays(np)
+        return tf.identity(tf.constant(xs, tf.int32)), tf.identity(tf.constant(ys.astype(np.int64)))
     pixels = tf.io.decode_raw(tf.constant(bytes(split.images)), tf.uint8)
     x = tf.reshape(pixels, (split.count, *shape))
     x = (tf.cast(x, tf.float32) / 255.0 - 0.5) / 0.5

@@ -99,6 +99,8 @@ def check(params: dict[str, Any]) -> str | None:
     model = params["model"]
     if model not in ZOO:
         return f"[params -> model] unknown model {model!r} for theano (known: {', '.join(ZOO)})"
+    if setting(params, "compile") == "eager":
+        return "[params -> compile] Theano compiles every graph into C (theano.function): it has no eager mode"
     if params["device"] != "cpu":
         return ("[params -> device] this Theano has no GPU back end (libgpuarray / pygpu are not part of it): "
                 "cpu only")
@@ -184,6 +186,7 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         "device": cfg.device,
         "floatX": cfg.floatX,
         "layout": params["layout"],
+        "compile": "compiled",  # theano.function: every graph is compiled (C)
         "precision": params["precision"],
         "linker": cfg.linker,
         "optimizer": cfg.optimizer,

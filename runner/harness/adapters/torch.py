@@ -243,6 +243,8 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: nn.Module) -> Lay
     net = model.module if isinstance(model, nn.DataParallel) else model
     device = next(net.parameters()).device
     training = params["mode"] == "train"
+    if is_transformer(params["model"]):
+        return _transformer_layer_ops(params, dataset, net, device, training)
     split = dataset.train if training else dataset.test
     x, y = _tensors(split, dataset.shape, device, params["layout"], limit=params["batch_size"])
     amp = _autocast(params, device)
@@ -266,6 +268,30 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: nn.Module) -> Lay
     for i, layer in enumerate(layers):
         inp = (x if i == 0 else outputs[i - 1]).detach()
         ops.append(_layer_op(layer, inp, upstream[i], first=i == 0 and skip_first, training=training, ctx=ctx))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    return LayerOps(ops=ops, images=len(x), sync=sync)
+
+
+def _transformer_layer_ops(params: dict[str, Any], dataset: Dataset, net: nn.Module, device: torch.device,
+                           training: bool) -> LayerOps:
+    """A transformer's units (``_torch_transformers.units``) on real activations of one batch:
+    each unit's forward alone on its real input, its backward alone given the real gradient of
+    the loss with respect to its output (the residual additions between them are not timed)."""
+    split = dataset.train if training else dataset.test
+    x, y = _tensors(split, dataset.shape, device, params["layout"], limit=params["batch_size"])
+    amp = _autocast(params, device)
+    ctx: Callable[[], ContextManager[Any]] = (lambda: amp) if amp is not None else contextlib.nullcontext
+    listed = transformers.units(net)
+    net.train(training)
+    with torch.set_grad_enabled(training), ctx():
+        inputs, outputs = transformers.unit_inputs(listed, x)
+    upstream: list[torch.Tensor | None] = [None] * len(listed)
+    if training:
+        logits = outputs[-1].float()
+        loss = nn.functional.cross_entropy(logits.transpose(1, 2) if logits.dim() == 3 else logits, y)
+        upstream = list(torch.autograd.grad(loss, outputs))
+    ops = [_layer_op(unit, inputs[i].detach(), upstream[i], first=i == 0, training=training, ctx=ctx)
+           for i, (unit, _) in enumerate(listed)]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     return LayerOps(ops=ops, images=len(x), sync=sync)
 

@@ -1,0 +1,126 @@
+"""The transformers in TensorFlow / Keras 3, run in the real TensorFlow environment: the zoo's
+parameter counts, explicit attention (TensorFlow has no fused kernel: refused), training that
+lowers the loss in graph, eager and XLA-compiled modes, and what the summary records."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from matrun.runner.harness import models
+
+pytestmark = pytest.mark.slow
+
+BASE = {
+    "framework": "tensorflow", "variant": "cpu", "device": "cpu", "gpus": None, "mode": "train",
+    "model": "gpt-tiny", "dataset": "synthetic-text", "synthetic_shape": None, "synthetic_classes": None,
+    "synthetic_train": 256, "synthetic_test": 32, "synthetic_vocab": 256, "seq_len": 64,
+    "train_limit": 0, "test_limit": 0, "epochs": 1, "iterations": 0, "batch_size": 16, "eval_batch_size": 64,
+    "optimizer": "adam", "lr": 0.003, "momentum": None, "weight_decay": 0.0, "warmup_steps": 2,
+    "threads": 2, "interop_threads": "unset", "cpuset": "", "onednn": True, "layout": None,
+    "precision": "fp32", "conv_algo": "heuristic", "layer_profile": False, "preset": "none",
+    "onednn_check": False, "seed": 0, "phase_sampling": 0,
+}
+
+
+@pytest.fixture(scope="module")
+def tf_python() -> Path:
+    from matrun.runner.environments.venvs import ensure_env
+
+    return ensure_env("tensorflow", "cpu").python
+
+
+def run(python: Path, stage: Path, run_dir: Path, data_dir: Path | str = "/nonexistent", **params: Any):
+    run_dir.mkdir(parents=True)
+    spec = {"schema_version": 1, "sweep": "test", "cell_id": "0123456789abcdef", "repeat": 0, "attempt": 1,
+            "env_id": "tensorflow-cpu-test", "data_dir": str(data_dir), "params": {**BASE, **params}}
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(stage), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([str(python), "-m", "matrun.runner.harness", "--spec", str(run_dir / "spec.json"),
+                           "--out", str(run_dir)], capture_output=True, text=True, env=env, cwd=run_dir, timeout=600)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()] \
+        if (run_dir / "events.jsonl").exists() else []
+    return proc, events
+
+
+def one(events: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [e for e in events if e["type"] == kind]
+    assert len(found) == 1, kind
+    return found[0]
+
+
+def in_tf(python: Path, stage: Path, code: str) -> Any:
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=600,
+                          env={"PYTHONPATH": str(stage), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_transformer_has_the_zoo_parameter_count(tf_python, stage):
+    found = in_tf(tf_python, stage, """
+import json
+import tensorflow as tf
+from matrun.runner.harness.adapters import _tf_transformers as tt, tensorflow as adapter
+adapter.tf = tf
+cases = [("gpt-tiny", (128,), 256), ("vit-tiny", (1, 28, 28), 10), ("vit-tiny", (3, 32, 32), 10),
+         ("gpt2-small", (1024,), 50257), ("vit-b16", (3, 224, 224), 1000)]
+print(json.dumps([adapter.trainable_parameters(tt.build(n, s, c, None)) for n, s, c in cases]))
+""")
+    assert found == [models.transformer_param_count("gpt-tiny"),
+                     models.transformer_param_count("vit-tiny", shape=(1, 28, 28), classes=10),
+                     models.transformer_param_count("vit-tiny", shape=(3, 32, 32), classes=10),
+                     124_439_808, 86_567_656]
+
+
+def test_the_causal_mask_hides_the_future(tf_python, stage):
+    found = in_tf(tf_python, stage, """
+import json
+import tensorflow as tf
+from matrun.runner.harness.adapters import _tf_transformers as tt
+m = tt.build("gpt-tiny", (16,), 256, None)
+x = tf.random.uniform((1, 16), 0, 256, tf.int32)
+z = tf.concat([x[:, :10], (x[:, 10:] + 1) % 256], axis=1)
+print(json.dumps(float(tf.reduce_max(tf.abs(m(x)[:, :10] - m(z)[:, :10])))))
+""")
+    assert found == 0.0
+
+
+@pytest.mark.parametrize("mode, in_force", [("default", "graph"), ("eager", "eager"), ("compiled", "compiled")])
+def test_a_gpt_cell_trains_in_each_compile_mode(tf_python, stage, tmp_path, mode, in_force):
+    proc, events = run(tf_python, stage, tmp_path / "run", epochs=2 if mode == "default" else None,
+                       iterations=0 if mode == "default" else 8, compile=mode)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert one(events, "model")["parameters"] == models.transformer_param_count("gpt-tiny")
+    probe = one(events, "probe")["in_force"]
+    assert probe["attention"] == "explicit" and probe["compile"] == in_force
+    summary = one(events, "summary")
+    assert math.isclose(summary["tokens_per_second"], summary["throughput"] * 64, rel_tol=1e-9)
+    epochs = [e for e in events if e["type"] == "epoch"]
+    assert 0 <= epochs[-1]["test_accuracy"] <= 1
+    if mode == "default":
+        assert epochs[-1]["test_loss"] < math.log(256) - 1.0
+        assert "compilation" not in summary
+    if mode == "compiled":
+        assert summary["compilation"]["seconds"] > 0 and "XLA" in summary["compilation"]["implementation"]
+
+
+def test_a_vit_cell_trains_on_images(tf_python, stage, tmp_path):
+    proc, events = run(tf_python, stage, tmp_path / "vit", model="vit-tiny", dataset="synthetic",
+                       synthetic_shape=[1, 28, 28], synthetic_classes=10, synthetic_vocab=None, seq_len=None,
+                       synthetic_train=128)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert one(events, "model")["parameters"] == models.transformer_param_count("vit-tiny", shape=(1, 28, 28),
+                                                                               classes=10)
+
+
+def test_fused_attention_is_refused_with_the_reason(tf_python, stage, tmp_path):
+    proc, _ = run(tf_python, stage, tmp_path / "run", attention="fused")
+    assert proc.returncode == 2 and "no fused scaled-dot-product kernel" in proc.stderr
+    assert "Traceback" not in proc.stderr
