@@ -160,7 +160,10 @@ def test_transformer_keys_leave_every_other_cell_as_it_was():
     assert {"seq_len", "synthetic_vocab"} <= unused and "layout" not in unused
     gpt = base(model="gpt-tiny", dataset="synthetic-text")
     assert "layout" in unused_keys(gpt) and "seq_len" not in unused_keys(gpt)
-    assert "synthetic_vocab" not in unused_keys(gpt)
+    assert {"synthetic_shape", "synthetic_classes"} <= unused_keys(gpt)
+    assert not {"synthetic_vocab", "synthetic_train", "synthetic_test"} & unused_keys(gpt)  # its sequences
+    fortunes = base(model="gpt-tiny", dataset="fortunes")
+    assert {"synthetic_vocab", "synthetic_train", "synthetic_test"} <= unused_keys(fortunes)
 
 
 @pytest.mark.parametrize("over, key, words", [
@@ -214,6 +217,7 @@ def test_a_transformer_cell_plans_with_its_keys_and_cnn_cells_keep_their_identit
     assert len(m.cells) == 4
     cell = m.cells[0]
     assert cell.values["layout"] is None and cell.values["seq_len"] == 64
+    assert cell.values["synthetic_train"] == 2048 and cell.values["synthetic_test"] == 512  # what the cell reads
     assert cell.identity["seq_len"] == 64 and "layout" not in cell.identity
     plain = matrix(tmp_path, '[fixed]\nmodel = "lenet5"\n')
     assert not {"compile", "attention", "seq_len", "synthetic_vocab"} & set(plain.cells[0].identity)

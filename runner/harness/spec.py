@@ -384,7 +384,9 @@ def unused_keys(params: Mapping[str, Any], *, parameter_servers: bool | None = N
     elif params.get("optimizer") != "sgd":
         unused.add("momentum")
     if params.get("dataset") != SYNTHETIC:
-        unused |= {"synthetic_shape", "synthetic_classes", "synthetic_train", "synthetic_test"}
+        unused |= {"synthetic_shape", "synthetic_classes"}
+        if params.get("dataset") != SYNTHETIC_TEXT:  # synthetic text counts its sequences with them
+            unused |= {"synthetic_train", "synthetic_test"}
     if params.get("dataset") != SYNTHETIC_TEXT:
         unused.add("synthetic_vocab")
     if not is_language_model(str(params.get("model"))):
