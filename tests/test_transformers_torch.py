@@ -195,3 +195,44 @@ def test_a_layer_profile_times_every_unit_under_its_group(torch_python, stage, t
     assert sum(e["params"] for e in layers) == models.transformer_param_count("gpt-tiny")
     assert [e["flops"] for e in layers] == [u["flops"] for u in walked]
     assert all(e["forward_seconds"] > 0 and e["backward_seconds"] > 0 for e in layers)
+
+
+def test_a_planned_transformer_sweep_runs_through_the_host_and_lands_in_run_overview(torch_env, tmp_path):
+    """The whole path a user takes: matrix.toml → plan → local executor → bundle → warehouse
+    (the host nulls what a cell does not use: a synthetic-text cell keeps its sequence counts)."""
+    import sys
+
+    from lake_client import plain_connect
+
+    (tmp_path / "matrix.toml").write_text("""
+[sweep]
+name = "lm"
+[fixed]
+model = "gpt-tiny"
+dataset = "synthetic-text"
+seq_len = 32
+synthetic_train = 96
+synthetic_test = 32
+iterations = 6
+batch_size = 16
+warmup_steps = 2
+threads = 2
+onednn_check = false
+[axes]
+attention = ["explicit", "fused"]
+""")
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/matrun-test/docker.sock"}
+    proc = subprocess.run([str(Path(sys.executable).with_name("matrun")), "sweep"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 runs (2 ok)" in proc.stdout
+    con = plain_connect(tmp_path / "matrun.duckdb")
+    try:
+        rows = con.execute("SELECT attention, seq_len, tokens_per_second, throughput, perplexity, attention_kernel, "
+                           "layout FROM run_overview ORDER BY attention").fetchall()
+    finally:
+        con.close()
+    assert [(r[0], r[1], r[6]) for r in rows] == [("explicit", 32, None), ("fused", 32, None)]
+    for _, _, tokens, sequences, perplexity, _, _ in rows:
+        assert math.isclose(tokens, sequences * 32, rel_tol=1e-9) and 1 < perplexity < 256 * 4
+    assert rows[0][5] is None and rows[1][5]  # the fused kernel's backend, recorded in force
