@@ -12,9 +12,9 @@ Two sources (docs/DATA.md "Text"):
   vocabulary has four successors drawn at random, followed with probabilities 0.55, 0.25,
   0.15 and 0.05: one chain (order-1 Markov) from a random first token.  A model can learn it
   (about 1.1 nats a token at best, against ln(vocab) for a guess) but not at once.
-- ``fortunes``: the text of Debian's ``fortunes`` package (fortune-mod 1.99.1, BSD licence;
-  14,396 English epigrams, quotations and definitions in 40 files, 2.46 MB), staged by
-  ``matrun data import fortunes /usr/share/games/fortunes``.  Read in its own format: plain text
+- ``fortunes``: the text of Debian's ``fortunes`` package and ``fortunes-min``, which it depends
+  on (fortune-mod 1.99.1, BSD licence; 15,217 English epigrams, quotations and definitions in
+  43 files, 2.56 MB), staged by ``matrun data import fortunes /usr/share/games/fortunes``.  Read in its own format: plain text
   files whose entries ("cookies") are separated by lines holding only ``%``.  Files are read
   in name order, cookies in file order; every tenth cookie (the 10th, 20th, …) is the test
   split, the rest train.  Tokenised byte by byte (the UTF-8 bytes; vocabulary 256, the
@@ -42,9 +42,10 @@ _SUCCESSOR_BYTES = bytes(0 if b < 141 else 1 if b < 205 else 2 if b < 243 else 3
 SUCCESSORS = 4
 TEST_EVERY = 10  # every tenth cookie of the fortunes is a test cookie
 FORTUNE_SKIP_SUFFIXES = (".dat", ".u8", ".gz")
-#: Bytes (= tokens) of the train and test splits of Debian bookworm's fortunes 1:1.99.1-7.3:
-#: what ``matrun plan`` estimates a fortunes cell's sequences from.
-FORTUNES_BYTES = (2_215_901, 247_966)
+#: Bytes (= tokens) of the train and test splits of /usr/share/games/fortunes as Debian bookworm's
+#: fortunes 1:1.99.1-7.3 installs it (with fortunes-min, its dependency: 43 files, 15,217
+#: cookies): what ``matrun plan`` estimates a fortunes cell's sequences from.
+FORTUNES_BYTES = (2_300_292, 261_152)
 FORTUNES_HINT = ("install Debian's fortunes (apt-get install fortunes) and run `matrun data import fortunes` "
                  "(it copies /usr/share/games/fortunes into the data directory)")
 
