@@ -4,29 +4,16 @@ compilation recorded apart, and what JAX refuses."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from matrun.runner.harness import models
+from transformer_cells import in_env, one, run_cell
 
 pytestmark = pytest.mark.slow
-
-BASE = {
-    "framework": "jax", "variant": "cpu", "device": "cpu", "gpus": None, "mode": "train",
-    "model": "gpt-tiny", "dataset": "synthetic-text", "synthetic_shape": None, "synthetic_classes": None,
-    "synthetic_train": 256, "synthetic_test": 32, "synthetic_vocab": 256, "seq_len": 64,
-    "train_limit": 0, "test_limit": 0, "epochs": 1, "iterations": 0, "batch_size": 16, "eval_batch_size": 64,
-    "optimizer": "adam", "lr": 0.003, "momentum": None, "weight_decay": 0.0, "warmup_steps": 2,
-    "threads": 2, "interop_threads": "unset", "cpuset": "", "onednn": True, "layout": None,
-    "precision": "fp32", "conv_algo": "heuristic", "layer_profile": False, "preset": "none",
-    "onednn_check": False, "seed": 0, "phase_sampling": 0,
-}
 
 
 @pytest.fixture(scope="module")
@@ -37,23 +24,7 @@ def jax_python() -> Path:
 
 
 def run(python: Path, stage: Path, run_dir: Path, data_dir: Path | str = "/nonexistent", **params: Any):
-    run_dir.mkdir(parents=True)
-    spec = {"schema_version": 1, "sweep": "test", "cell_id": "0123456789abcdef", "repeat": 0, "attempt": 1,
-            "env_id": "jax-cpu-test", "data_dir": str(data_dir), "params": {**BASE, **params}}
-    (run_dir / "spec.json").write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYTHONPATH=str(stage), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([str(python), "-m", "matrun.runner.harness", "--spec", str(run_dir / "spec.json"),
-                           "--out", str(run_dir)], capture_output=True, text=True, env=env, cwd=run_dir, timeout=600)
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()] \
-        if (run_dir / "events.jsonl").exists() else []
-    return proc, events
-
-
-def one(events: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [e for e in events if e["type"] == kind]
-    assert len(found) == 1, kind
-    return found[0]
+    return run_cell("jax", python, stage, run_dir, data_dir, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, **params)
 
 
 CONFIG = ('dict(threads=2, interop_threads="unset", onednn=True, device="cpu", conv_algo="heuristic", seed=0, '
@@ -62,11 +33,8 @@ CONFIG = ('dict(threads=2, interop_threads="unset", onednn=True, device="cpu", c
 
 
 def in_jax(python: Path, stage: Path, code: str) -> Any:
-    code = code.replace("CONFIG", CONFIG)
-    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=600,
-                          env={"PYTHONPATH": str(stage), "TF_CPP_MIN_LOG_LEVEL": "2", "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return in_env(python, stage, code.replace("CONFIG", CONFIG),
+                  {"TF_CPP_MIN_LOG_LEVEL": "2", "JAX_PLATFORMS": "cpu"})
 
 
 def test_every_transformer_has_the_zoo_parameter_count(jax_python, stage):

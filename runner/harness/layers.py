@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from .errors import HarnessError
 from .events import EventLog
-from .models import MODELS, is_language_model, is_transformer, transformer_walk, walk
+from .models import MODELS, is_transformer, units
 
 LAYER_WARMUP = 5
 LAYER_REPEATS = 20
@@ -75,13 +75,9 @@ def profile(log: EventLog, params: dict[str, Any], shape: tuple[int, int, int], 
     """Time every layer and write its ``layer`` event; return the seconds the profile took."""
     t_start = time.perf_counter()
     name = params["model"]
-    if is_transformer(name):  # its units, each under its group as the kind (models.TRANSFORMER_GROUPS)
-        walked = list(transformer_walk(name, seq_len=shape[0]) if is_language_model(name)
-                      else transformer_walk(name, shape=shape, classes=classes))  # type: ignore[arg-type]
-        layers = [(unit["group"], unit["name"]) for unit in walked]
-    else:
-        walked = list(walk(name, shape, classes))
-        layers = MODELS[name]
+    walked = list(units(name, shape, classes))
+    # a transformer's units, each under its group as the kind (models.TRANSFORMER_GROUPS)
+    layers = [(unit["group"], unit["name"]) for unit in walked] if is_transformer(name) else MODELS[name]
     if len(layer_ops.ops) != len(layers):
         raise HarnessError(f"layer profile of {name}: the adapter gave {len(layer_ops.ops)} layers, "
                            f"the model has {len(layers)}")

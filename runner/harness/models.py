@@ -348,3 +348,18 @@ def transformer_param_count(model: str, *, seq_len: int = 0, shape: tuple[int, i
 def transformer_flops(model: str, *, seq_len: int = 0, shape: tuple[int, int, int] | None = None,
                       classes: int = 0) -> int:
     return sum(u["flops"] for u in transformer_walk(model, seq_len=seq_len, shape=shape, classes=classes))
+
+
+def units(model: str, shape: tuple[int, ...], classes: int) -> Iterator[dict[str, Any]]:
+    """Any model's units as the dataset gives its input: ``walk`` for a CNN, ``transformer_walk``
+    for a transformer (``shape``: (seq_len,) for a language model, (C, H, W) for a ViT)."""
+    if is_language_model(model):
+        return transformer_walk(model, seq_len=shape[0])
+    if is_transformer(model):
+        return transformer_walk(model, shape=shape, classes=classes)  # type: ignore[arg-type]
+    return walk(model, shape, classes)  # type: ignore[arg-type]
+
+
+def model_flops(model: str, shape: tuple[int, ...], classes: int) -> int:
+    """Forward FLOPs per sample of any model (``units``)."""
+    return sum(u["flops"] for u in units(model, shape, classes))

@@ -78,8 +78,7 @@ from ..datasets import Dataset, Split, prefetched
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO
-from ..models import (TRANSFORMERS, block_layers, forward_flops, is_language_model, is_transformer,
-                      transformer_flops, vit_patches)
+from ..models import TRANSFORMERS, block_layers, is_language_model, is_transformer, model_flops, vit_patches
 from ..phases import StepClock, calibration, time_collective
 from ..probe import thread_census
 from ..spec import model_problem, setting
@@ -291,7 +290,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     net = _net(params, dataset)
     state = init_state(net, params, dataset.shape, place)
     log.emit("model", name=params["model"], parameters=parameter_count(state.params),
-             flops=_flops(params, dataset))
+             flops=model_flops(params["model"], dataset.shape, dataset.classes))
     feed = Feed(params, dataset.train, dataset.shape, place)
     x_test, y_test = arrays(dataset.test, dataset.shape, params["layout"])
     held = arrays(dataset.validation, dataset.shape, params["layout"]) if dataset.validation and ctx.chief else None
@@ -347,7 +346,7 @@ def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     net = _net(params, dataset)
     state = init_state(net, params, dataset.shape, place)
     log.emit("model", name=params["model"], parameters=parameter_count(state.params),
-             flops=_flops(params, dataset))
+             flops=model_flops(params["model"], dataset.shape, dataset.classes))
     x, _ = arrays(dataset.test, dataset.shape, params["layout"])
     dtype = compute_dtype(params["precision"])
     device = place.devices[0]
@@ -714,15 +713,6 @@ def _net(params: dict[str, Any], dataset: Dataset) -> Any:
         except ValueError as exc:
             raise HarnessError(str(exc)) from exc
     return build(params["model"], dataset.shape, dataset.classes, params["layout"])
-
-
-def _flops(params: dict[str, Any], dataset: Dataset) -> int:
-    name = params["model"]
-    if is_language_model(name):
-        return transformer_flops(name, seq_len=dataset.shape[0])
-    if is_transformer(name):
-        return transformer_flops(name, shape=dataset.shape, classes=dataset.classes)
-    return forward_flops(name, dataset.shape, dataset.classes)
 
 
 def _tokens(params: dict[str, Any]) -> int:

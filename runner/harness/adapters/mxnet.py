@@ -519,14 +519,8 @@ _RESIDUAL: Any = None
 
 
 def _emit_model(log: EventLog, params: dict[str, Any], dataset: Dataset, net: Any) -> None:
-    name = params["model"]
-    if zoo.is_language_model(name):
-        flops = zoo.transformer_flops(name, seq_len=dataset.shape[0])
-    elif zoo.is_transformer(name):
-        flops = zoo.transformer_flops(name, shape=dataset.shape, classes=dataset.classes)
-    else:
-        flops = zoo.forward_flops(name, dataset.shape, dataset.classes)
-    log.emit("model", name=name, parameters=parameter_count(net), flops=flops)
+    log.emit("model", name=params["model"], parameters=parameter_count(net),
+             flops=zoo.model_flops(params["model"], dataset.shape, dataset.classes))
 
 
 def _net(params: dict[str, Any], dataset: Dataset) -> Any:

@@ -59,8 +59,7 @@ from ..datasets import Dataset, Split
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..models import MODELS as ZOO
-from ..models import (TRANSFORMERS, block_layers, block_out_channels, forward_flops, is_language_model,
-                      is_transformer, transformer_flops, walk)
+from ..models import TRANSFORMERS, block_layers, block_out_channels, is_transformer, model_flops, walk
 from ..phases import StepClock, calibration, time_collective
 from ..probe import thread_census
 from ..spec import model_problem, setting
@@ -231,7 +230,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         net = _net(params, dataset)
         optimizer = make_optimizer(params)
         optimizer.build(net.model.trainable_variables)
-    log.emit("model", name=params["model"], parameters=trainable_parameters(net.model), flops=_flops(params, dataset))
+    log.emit("model", name=params["model"], parameters=trainable_parameters(net.model), flops=model_flops(params["model"], dataset.shape, dataset.classes))
     full = setting(params, "first_layer_backward") == "full"
     calibrated = None
     if ctx.distributed:  # the workers have joined (the variables' initial values were broadcast)
@@ -297,7 +296,7 @@ def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     with placement.scope():
         x_test, _ = tensors(dataset.test, dataset.shape, params["layout"])
         net = _net(params, dataset)
-    log.emit("model", name=params["model"], parameters=trainable_parameters(net.model), flops=_flops(params, dataset))
+    log.emit("model", name=params["model"], parameters=trainable_parameters(net.model), flops=model_flops(params["model"], dataset.shape, dataset.classes))
     forward = predict_step(net.model, dataset.shape, params["layout"], jit=setting(params, "compile") == "compiled")
     n, batch = dataset.test.count, params["batch_size"]
     starts = list(range(0, n, batch))
@@ -538,15 +537,6 @@ def _net(params: dict[str, Any], dataset: Dataset) -> Network:
         except ValueError as exc:
             raise HarnessError(str(exc)) from exc
     return build(params["model"], dataset.shape, dataset.classes, params["layout"])
-
-
-def _flops(params: dict[str, Any], dataset: Dataset) -> int:
-    name = params["model"]
-    if is_language_model(name):
-        return transformer_flops(name, seq_len=dataset.shape[0])
-    if is_transformer(name):
-        return transformer_flops(name, shape=dataset.shape, classes=dataset.classes)
-    return forward_flops(name, dataset.shape, dataset.classes)
 
 
 def _compile_mode(params: dict[str, Any]) -> str:

@@ -49,8 +49,7 @@ from ..datasets import Dataset, Split
 from ..events import EventLog, StepSample
 from ..layers import LayerOp, LayerOps
 from ..phases import StepClock, calibration, time_collective
-from ..models import (MODELS, TRANSFORMERS, Layer, block_layers, forward_flops, is_language_model, is_transformer,
-                      transformer_flops, walk)
+from ..models import MODELS, TRANSFORMERS, Layer, block_layers, is_transformer, model_flops, walk
 from ..spec import setting
 from ..text import TokenSplit
 from . import TrainOutcome
@@ -702,13 +701,8 @@ def _placed(model: nn.Module, params: dict[str, Any], device: torch.device) -> n
 
 
 def _emit_model(log: EventLog, params: dict[str, Any], dataset: Dataset, model: nn.Module) -> None:
-    name = params["model"]
-    if is_transformer(name):
-        flops = (transformer_flops(name, seq_len=dataset.shape[0]) if is_language_model(name)
-                 else transformer_flops(name, shape=dataset.shape, classes=dataset.classes))
-    else:
-        flops = forward_flops(name, dataset.shape, dataset.classes)
-    log.emit("model", name=name, parameters=parameter_count(model), flops=flops)
+    log.emit("model", name=params["model"], parameters=parameter_count(model),
+             flops=model_flops(params["model"], dataset.shape, dataset.classes))
 
 
 def _weight_layout(asked: str) -> str:
