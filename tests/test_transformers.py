@@ -284,3 +284,13 @@ def test_a_language_model_run_shows_its_tokens_perplexity_and_compile_time_in_ru
                       "tokens_per_second": 3200.0, "perplexity": pytest.approx(math.exp(1.5)),
                       "compile_seconds": 12.5, "layout": None}
     assert got[1]["tokens_per_second"] is None and got[1]["compile_seconds"] is None
+
+
+def test_compilations_are_counted_inside_a_step_only_between_its_start_and_end():
+    from matrun.runner.harness.events import inside_steps
+
+    steps = [(0, 1.0, 2.0, 16), (0, 2.5, 3.0, 16), (1, 10.0, 11.0, 8)]
+    assert inside_steps([], steps) == 0
+    assert inside_steps([0.5, 2.2, 3.5, 9.9, 11.5], steps) == 0  # before, between and after the steps
+    assert inside_steps([1.0, 2.0, 2.7, 10.5], steps) == 4  # a step's own start and end count
+    assert inside_steps([1.5], []) == 0

@@ -94,8 +94,7 @@ def test_a_gpt_cell_trains_on_synthetic_text_with_its_compilation_apart(jax_pyth
     summary = one(events, "summary")
     assert math.isclose(summary["tokens_per_second"], summary["throughput"] * 64, rel_tol=1e-9)
     assert summary["compilation"]["seconds"] > 0 and summary["compilation"]["batch_sizes"] == [16]
-    steps = [e["seconds"] for e in events if e["type"] == "step"]
-    assert max(steps) < summary["compilation"]["seconds"]
+    assert summary["compilation"]["compiles"] >= 1 and summary["compilation"]["in_steps"] == 0
 
 
 def test_fused_attention_and_a_vit_cell(jax_python, stage, tmp_path):

@@ -89,7 +89,7 @@ def test_a_gpt_cell_trains_in_each_compile_mode(mx_python, stage, tmp_path, mode
     if mode == "compiled":
         record = summary["compilation"]
         assert record["seconds"] > 0 and record["batch_sizes"] == [16]
-        assert max(e["seconds"] for e in events if e["type"] == "step") < record["seconds"]
+        assert record["compiles"] == 1 and record["in_steps"] == 0  # Gluon built the graph in the warm-up
 
 
 def test_a_vit_cell_trains_on_images(mx_python, stage, tmp_path):

@@ -127,8 +127,7 @@ def test_a_compiled_cell_compiles_before_its_first_step_and_trains_as_eager_does
     assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr[-3000:]
     record = one(c_events, "summary")["compilation"]
     assert record["mode"] == "compiled" and record["seconds"] > 0 and record["batch_sizes"] == [16]
-    steps = [e["seconds"] for e in c_events if e["type"] == "step"]
-    assert max(steps) < record["seconds"]  # no step paid for the compilation
+    assert record["compiles"] >= 1 and record["in_steps"] == 0  # no step paid for a compilation
     assert one(c_events, "probe")["in_force"]["compile"] == "compiled"
     loss_e = [e for e in e_events if e["type"] == "epoch"][-1]["train_loss"]
     loss_c = [e for e in c_events if e["type"] == "epoch"][-1]["train_loss"]

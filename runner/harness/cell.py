@@ -16,7 +16,7 @@ from typing import Any
 
 from . import adapters, datasets, distributed, layers, probe
 from .errors import HarnessError, SpecError
-from .events import EventLog, throughput
+from .events import EventLog, inside_steps, throughput
 from .models import is_language_model
 from .spec import first_problem, knob_problem, layer_profile_problem, model_problem, setting, show
 
@@ -150,13 +150,19 @@ def run_cell(*, spec_path: Path, out_dir: Path, started: float | None = None,
 def _model_summary(params: dict[str, Any], dataset: datasets.Dataset, log: EventLog,
                    outcome: adapters.TrainOutcome, aggregate: float | None) -> dict[str, Any]:
     """The summary fields of the transformers and of compilation: ``compilation`` (seconds
-    spent compiling before the first step, kept out of the throughput) when the cell compiled;
+    spent compiling before the first step, kept out of the throughput) when the cell compiled,
+    with ``compiles`` (the compilations the framework reported during the run) and
+    ``in_steps`` (those that ended while a step ran; 0: no step paid for one), both absent
+    where the framework reports none;
     for a language model ``seq_len``, ``tokens_per_second`` (the throughput, in sequences/s,
     × ``seq_len``; ``aggregate``: a multi-worker cell's summed throughput), and ``test_loss`` /
     ``perplexity`` (exp of the mean next-token loss)."""
     out: dict[str, Any] = {}
     if outcome.compilation is not None:
-        out["compilation"] = outcome.compilation
+        out["compilation"] = dict(outcome.compilation)
+        if outcome.compile_times is not None:
+            out["compilation"].update(compiles=len(outcome.compile_times),
+                                      in_steps=inside_steps(outcome.compile_times, log.steps))
     if is_language_model(params["model"]):
         seq_len = dataset.shape[0]
         rate = aggregate if aggregate is not None else throughput(log.rated()) if log.steps else None

@@ -10,6 +10,7 @@ loses at most the current epoch's steps.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import statistics
@@ -36,6 +37,18 @@ def finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [finite(v) for v in value]
     return value
+
+
+def inside_steps(times: Iterable[float], steps: list[StepSample]) -> int:
+    """How many of ``times`` fell inside a step, between its start and end (the steps in
+    order and apart, as an adapter records them)."""
+    starts = [t0 for _, t0, _, _ in steps]
+    count = 0
+    for t in times:
+        index = bisect.bisect_right(starts, t) - 1
+        if index >= 0 and t <= steps[index][2]:
+            count += 1
+    return count
 
 
 class EventLog:

@@ -82,7 +82,10 @@ class TrainOutcome:
     what fed the steps (``kind`` "preloaded" or "loader", and for a loader its
     ``implementation``, ``workers``, the worker processes or threads seen and the batches).
     ``compilation``: the compile step of a ``compile = "compiled"`` cell (``seconds``, timed
-    apart from the steps; docs/TRANSFORMERS.md "Compilation").
+    apart from the steps; docs/TRANSFORMERS.md "Compilation").  ``compile_times``: when the
+    framework itself reported finishing a compilation (``time.perf_counter()``), from a
+    ``compile_watch`` begun before the compile step; the harness counts those that fell inside
+    a step as the compilation's ``in_steps``.  None: the framework reports none.
     """
 
     diverged: bool = False
@@ -98,6 +101,7 @@ class TrainOutcome:
     # ``compile = "compiled"``: how the model was compiled before the first timed step and how
     # long it took (``seconds``, kept out of every step's time), None when it ran eagerly
     compilation: dict[str, Any] | None = None
+    compile_times: list[float] | None = None
 
 
 class Adapter(Protocol):

@@ -283,7 +283,27 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_COMPILE_TIMES: list[float] | None = None
+
+
+def _compile_watch() -> list[float]:
+    """When each XLA compilation of this process ended (``time.perf_counter()``): a listener on
+    JAX's ``/jax/core/compile/backend_compile_duration`` event, registered once per process."""
+    global _COMPILE_TIMES
+    if _COMPILE_TIMES is None:
+        times: list[float] = []
+
+        def heard(event: str, _seconds: float, **_kwargs: Any) -> None:
+            if event == "/jax/core/compile/backend_compile_duration":
+                times.append(time.perf_counter())
+
+        jax.monitoring.register_event_duration_secs_listener(heard)
+        _COMPILE_TIMES = times
+    return _COMPILE_TIMES
+
+
 def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
+    watch = _compile_watch()
     ctx = distributed.current()
     place = placement(params)
     batch = distributed.global_batch(params) if ctx.distributed else params["batch_size"]
@@ -306,7 +326,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     def outcome(**more: Any) -> TrainOutcome:
         return TrainOutcome(notes=notes, model=Trained(net, trainer.state, place), input_gradient_steps=gradients[0],
                             input_pipeline=feed.describe(), peak_device_memory_bytes=place.peak_memory(),
-                            compilation=trainer.compilation(), **more)
+                            compilation=trainer.compilation(), compile_times=watch, **more)
 
     epoch, done = 0, 0
     while (done < iterations) if iterations else (epoch < params["epochs"]):
@@ -342,6 +362,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
 
 def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutcome:
     """Forward passes over the test split in order (cycling), timed per batch."""
+    watch = _compile_watch()
     place = placement(params)
     net = _net(params, dataset)
     state = init_state(net, params, dataset.shape, place)
@@ -374,7 +395,7 @@ def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         log.steps.append((index // len(starts), t0, t1, xb.shape[0]))
     seconds = time.perf_counter() - t_all
     return TrainOutcome(model=Trained(net, state, place), inference_seconds=seconds,
-                        peak_device_memory_bytes=place.peak_memory(), compilation=compilation,
+                        peak_device_memory_bytes=place.peak_memory(), compilation=compilation, compile_times=watch,
                         notes=["forward passes are one jitted XLA program per batch shape, compiled before the "
                                "first timed batch"])
 

@@ -217,7 +217,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     _hybridize(params, net)
     _emit_model(log, params, dataset, net)
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
-    compilation = _warm(params, net, loss_fn, x_train, y_train, params["batch_size"])
+    compilation, built = _warm(params, net, loss_fn, x_train, y_train, params["batch_size"])
     kind = params.get("kvstore") or "device"
     dist = kind in distributed.DIST_KVSTORES
     calibrated = None
@@ -241,7 +241,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     def outcome(**more: Any) -> TrainOutcome:
         return TrainOutcome(model=net, exchange=_exchange(exchange, log, kind, net, calibrated),
                             input_gradient_steps=gradients[0], input_pipeline=feed.describe(),
-                            compilation=compilation, **more)
+                            compilation=compilation, compile_times=built, **more)
 
     epoch, done = 0, 0
     try:
@@ -342,7 +342,7 @@ def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     net.initialize(_initializer(), ctx=ctxs)
     _hybridize(params, net)
     _emit_model(log, params, dataset, net)
-    compilation = _warm(params, net, None, x, None, params["batch_size"])
+    compilation, built = _warm(params, net, None, x, None, params["batch_size"])
     batch_size, count = params["batch_size"], x.shape[0]
     per_pass = math.ceil(count / batch_size)
     batches = params["iterations"] or per_pass
@@ -360,7 +360,7 @@ def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
         t1 = time.perf_counter()
         record((index // per_pass, t0, t1, xb.shape[0]))
     seconds = time.perf_counter() - t_all
-    return TrainOutcome(model=net, inference_seconds=seconds, compilation=compilation)
+    return TrainOutcome(model=net, inference_seconds=seconds, compilation=compilation, compile_times=built)
 
 
 def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
@@ -540,14 +540,26 @@ def _hybridize(params: dict[str, Any], net: Any) -> None:
         net.hybridize(static_alloc=True, static_shape=True)
 
 
-def _warm(params: dict[str, Any], net: Any, loss_fn: Any, x: Any, y: Any, batch_size: int) -> dict[str, Any] | None:
+def _warm(params: dict[str, Any], net: Any, loss_fn: Any, x: Any,
+          y: Any, batch_size: int) -> tuple[dict[str, Any] | None, list[float] | None]:
     """``compile = "compiled"``: build the hybridized graphs before the first timed step — a
     forward (and, training, a backward: both cached ops) on each batch shape the steps will
     see — with the gradients left unused (the first step overwrites them) and BatchNorm's
-    running statistics put back; the seconds are the summary's ``compilation``.  Otherwise
-    None: the default hybridizes too, at the first (warm-up) step, as before ``compile``."""
+    running statistics put back; the seconds are the summary's ``compilation``.  Returns that
+    record and the times (``time.perf_counter()``) at which Gluon built the network's cached
+    graph (``HybridBlock._build_cache``, watched from here on).  Otherwise (None, None): the
+    default hybridizes too, at the first (warm-up) step, as before ``compile``."""
     if setting(params, "compile") != "compiled":
-        return None
+        return None, None
+    built: list[float] = []
+    build = net._build_cache
+
+    def watched(*args: Any) -> Any:
+        result = build(*args)
+        built.append(time.perf_counter())
+        return result
+
+    net._build_cache = watched
     count = x.shape[0]
     sizes = sorted({min(batch_size, count), count % batch_size} - {0}, reverse=True)
     stats = {name: p.data().copy() for name, p in net.collect_params(".*running.*").items()}
@@ -564,7 +576,7 @@ def _warm(params: dict[str, Any], net: Any, loss_fn: Any, x: Any, y: Any, batch_
     for name, value in stats.items():
         net.collect_params()[name].set_data(value)
     return {"mode": "compiled", "implementation": f"gluon hybridize(static_alloc, static_shape) (mxnet {mx.__version__})",
-            "seconds": round(seconds, 6), "batch_sizes": sizes, "backward": y is not None}
+            "seconds": round(seconds, 6), "batch_sizes": sizes, "backward": y is not None}, built
 
 
 def _hits(out: Any, y: Any) -> Any:

@@ -177,7 +177,7 @@ def train(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
     def outcome(**more: Any) -> TrainOutcome:
         return TrainOutcome(model=model, peak_device_memory_bytes=_peak_memory(device, params),
                             input_gradient_steps=gradients[0], input_pipeline=feed.describe(),
-                            compilation=compiled, **more)
+                            compilation=compiled, compile_times=_COMPILE_TIMES if compiled else None, **more)
 
     epoch, done = 0, 0
     while (done < iterations) if iterations else (epoch < params["epochs"]):
@@ -234,7 +234,7 @@ def infer(params: dict[str, Any], dataset: Dataset, log: EventLog) -> TrainOutco
             record((index // per_pass, t0, t1, len(xb)))
     seconds = time.perf_counter() - t_all
     return TrainOutcome(model=model, inference_seconds=seconds, peak_device_memory_bytes=_peak_memory(device, params),
-                        compilation=compiled)
+                        compilation=compiled, compile_times=_COMPILE_TIMES if compiled else None)
 
 
 def layer_ops(params: dict[str, Any], dataset: Dataset, model: nn.Module) -> LayerOps:
@@ -653,6 +653,25 @@ def _loss_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(out, y, reduction="none").flatten(1).mean(1).sum()
 
 
+_COMPILE_TIMES: list[float] | None = None
+
+
+def _compile_watch() -> list[float] | None:
+    """When each of TorchDynamo's compilations (a graph, or a lazily compiled backward) ended,
+    by ``time.perf_counter()``: its end-of-compile callback, registered once per process.  None
+    where this torch has no such callback."""
+    global _COMPILE_TIMES
+    if _COMPILE_TIMES is None:
+        try:
+            from torch._dynamo.callback import callback_handler
+        except ImportError:
+            return None
+        times: list[float] = []
+        callback_handler.register_end_callback(lambda *_a, **_k: times.append(time.perf_counter()))
+        _COMPILE_TIMES = times
+    return _COMPILE_TIMES
+
+
 def _compiled(params: dict[str, Any], model: nn.Module, loss_fn: Any, amp: Any, x: torch.Tensor,
               y: torch.Tensor | None, batch_size: int) -> tuple[nn.Module, dict[str, Any] | None]:
     """``compile = "compiled"``: ``torch.compile(model)``, compiled before the first timed step
@@ -662,6 +681,7 @@ def _compiled(params: dict[str, Any], model: nn.Module, loss_fn: Any, amp: Any, 
     the model to train and the compilation record (``seconds``, ``shapes``); eager: (model, None)."""
     if setting(params, "compile") != "compiled":
         return model, None
+    _compile_watch()
     compiled = torch.compile(model)
     sizes = sorted({min(batch_size, len(x)), len(x) % batch_size} - {0}, reverse=True)
     buffers = {k: v.clone() for k, v in model.state_dict().items() if k in dict(model.named_buffers())}
