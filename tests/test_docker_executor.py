@@ -318,7 +318,8 @@ def test_timeout_kills_and_removes_the_container(tmp_path, client, executor):
     outcome, run_dir, sweep = run_cell(executor, tmp_path, big, timeout=4)
     assert outcome.status == "timeout"
     assert "killed after the cell's timeout of 4 s" in outcome.error_tail
-    assert 4 <= outcome.wall_seconds < 20
+    # killed at its timeout, not before; the bound only says it did not run on (the cell alone would take many minutes)
+    assert 4 <= outcome.wall_seconds < 120
     assert containers_of(client, sweep) == []
 
 

@@ -111,7 +111,8 @@ def test_timeout_kills_the_cell_tree(tmp_path, torch_env):
     outcome, run_dir = run_cell(tmp_path, big, timeout=3)
     assert outcome.status == "timeout"
     assert "killed after the cell's timeout of 3 s" in outcome.error_tail
-    assert 3 <= outcome.wall_seconds < 15
+    # killed at its timeout, not before; the bound only says it did not run on (the cell alone would take many minutes)
+    assert 3 <= outcome.wall_seconds < 120
     pid = json.loads((run_dir / MONITOR).read_text().splitlines()[0])["pid"]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
