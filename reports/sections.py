@@ -105,7 +105,12 @@ def baseline_section(
     """
     energy = "j_per_image_median" in baseline.columns and \
         baseline.get_column("j_per_image_median").drop_nulls().len() > 0
-    headers = [*params, "runs", "train s", "test s", "accuracy", "throughput (images/s)",
+    # a language model's columns, where the table has one (docs/TRANSFORMERS.md)
+    text = "tokens_per_second_median" in baseline.columns and \
+        baseline.get_column("tokens_per_second_median").drop_nulls().len() > 0
+    headers = [*params, "runs", "train s", "test s", "accuracy",
+               "throughput (images or sequences/s)" if text else "throughput (images/s)",
+               *(["tokens/s", "perplexity"] if text else []),
                "CPU %", "memory MiB avg / peak", *(["energy J / image"] if energy else []), "flags"]
     rows: list[list[Any]] = []
     classes: list[str | None] = []
@@ -150,6 +155,11 @@ def baseline_section(
                 f"{fmt_pct(row['accuracy_min'], 2)}–{fmt_pct(row['accuracy_max'], 2)}"),
             num(fmt(row["throughput_median"], 1),
                 f"{fmt(row['throughput_min'], 1)}–{fmt(row['throughput_max'], 1)} · CV {fmt_pct(cv)}"),
+            *([num(fmt(row.get("tokens_per_second_median"), 0)),
+               num(fmt(row.get("perplexity_median"), 3),
+                   None if is_missing(row.get("perplexity_median"))
+                   else f"{fmt(row.get('perplexity_min'), 3)}–{fmt(row.get('perplexity_max'), 3)}")]
+              if text else []),
             num(fmt(row["cpu_total_median"], 0),
                 f"usr {fmt(row['cpu_user_median'], 0)} · sys {fmt(row['cpu_system_median'], 0)}"
                 f" · io {fmt(row['iowait_median'], 1)}"),
@@ -173,7 +183,8 @@ def baseline_section(
     return section(
         "baseline", "Baseline",
         "Medians over each cell's successful repeats; the small line under a number is its "
-        "min–max spread. CPU % is percent of one core summed over the cell's processes "
+        "min–max spread. " + ("A language model's accuracy is next-token accuracy, its throughput "
+        "sequences/s, with tokens/s and perplexity (exp of the test loss) beside them. " if text else "") + "CPU % is percent of one core summed over the cell's processes "
         "(200 = two cores busy); memory is the resident set in MiB: the median of the runs' averages, and the highest peak of any run. "
         "Cells with fewer than three runs or a throughput CV over 5% are flagged.",
         *parts,

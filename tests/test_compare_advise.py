@@ -480,3 +480,28 @@ def test_a_warehouse_last_written_before_the_views_existed_is_brought_up_to_date
     assert [sorted(row) for row in got] == [sorted(row) for row in expected]
     for row, other in zip(got, expected):
         assert row == {k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in other.items()}
+
+
+def test_advise_a_language_model_in_tokens_at_its_default_sequence_length(tmp_path: Path) -> None:
+    """A transformer's default cell has no layout and compile / attention "default"; its
+    candidates share its sequence length (sequences/s compare as tokens/s then), the advice
+    says both rates and next-token accuracy; the fastest cell is the one with most tokens/s."""
+    results = tmp_path / "results"
+    lm = {"model": "gpt-tiny", "dataset": "synthetic-text", "threads": "unset", "layout": None, "epochs": 1}
+    cells = [("lm-default", {}, (10.0, 10.1, 10.2, 10.3, 10.4), 64),
+             ("lm-compiled", {"compile": "compiled"}, (15.0, 15.1, 15.2, 15.3, 15.4), 64),
+             ("lm-long", {"compile": "compiled", "seq_len": 128}, (9.0, 9.1, 9.2, 9.3, 9.4), 128)]
+    for cell_id, extra, rates, seq_len in cells:
+        for repeat, rate in enumerate(rates):
+            make_bundle(results, sweep="lm", cell_id=cell_id, repeat=repeat, params={**lm, **extra},
+                        throughput=rate, epochs=(_epoch(10, .40),),
+                        summary_extra={"seq_len": seq_len, "tokens_per_second": rate * seq_len})
+    row = _advice(_warehouse(results))[("torch", "synthetic-text")]
+    assert (row["default_cell_id"], row["best_cell_id"], row["changes"]) == ("lm-default", "lm-compiled",
+                                                                            ['compile="compiled"'])
+    assert (row["candidates"], row["seq_len"], row["verdict"]) == (2, 64, "faster")  # lm-long is no candidate
+    assert row["speedup"] == pytest.approx(15.2 / 10.2)
+    assert ("973 tok/s (15.2 seq/s) median over 5 runs (range 960–986, only 94% coverage) against "
+            "653 tok/s (10.2 seq/s) over 5 runs (range 640–666, only 94% coverage)") in row["advice"]
+    assert "Next-token accuracy +0.00 points" in row["advice"]
+    assert (row["fastest_cell_id"], row["fastest_seq_len"]) == ("lm-long", 128)

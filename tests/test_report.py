@@ -256,6 +256,30 @@ def test_baseline_flags_mismatches_and_lists_cells_without_success(fixture_site:
     assert "threads=4 — failed ×1" in baseline
 
 
+def test_a_language_model_has_tokens_per_second_and_perplexity_in_the_baseline(tmp_path: Path) -> None:
+    """A sweep with a language model shows its tokens/s and perplexity beside the throughput
+    (sequences/s); the CNN's row has none; a sweep without one has no such columns."""
+    results = tmp_path / "results"
+    lm = {"model": "gpt-tiny", "dataset": "synthetic-text", "layout": None}
+    for repeat, (rate, ppl) in enumerate([(10.0, 3.50), (12.0, 3.60), (11.0, 3.40)]):
+        make_bundle(results, sweep="lm", cell_id="aaaa000000000001", repeat=repeat, params=lm, throughput=rate,
+                    summary_extra={"seq_len": 64, "tokens_per_second": rate * 64, "perplexity": ppl})
+    make_bundle(results, sweep="lm", cell_id="bbbb000000000002", throughput=500.0)
+    make_bundle(results, sweep="cnn", cell_id="cccc000000000003", throughput=500.0)
+    ingest([results], warehouse=tmp_path / "w.duckdb")
+    site = build_report(warehouse=tmp_path / "w.duckdb", out_dir=tmp_path / "lm", sweep="lm")
+    headers, rows, _ = table_rows(page(site, "baseline.html"), "baseline-table")
+    assert "throughput (images or sequences/s)" in headers
+    by_model = {cell(r, headers, "model").text(): r for r in rows}
+    gpt, cnn = by_model["gpt-tiny"], by_model["lenet5"]
+    assert main_and_sub(cell(gpt, headers, "tokens/s")) == ("704", "")
+    assert main_and_sub(cell(gpt, headers, "perplexity")) == ("3.500", "3.400–3.600")
+    assert main_and_sub(cell(cnn, headers, "tokens/s")) == ("–", "")
+    site = build_report(warehouse=tmp_path / "w.duckdb", out_dir=tmp_path / "cnn", sweep="cnn")
+    headers, _, _ = table_rows(page(site, "baseline.html"), "baseline-table")
+    assert "tokens/s" not in headers and "throughput (images/s)" in headers
+
+
 # --- figures, plotly.js, escaping -------------------------------------------------------
 
 

@@ -54,7 +54,7 @@ def test_new_warehouse_has_tables_views_and_every_migration_row(tmp_path: Path) 
     rows = _migration_rows(path)
     assert [(v, n) for v, n, _ in rows] == [(1, "initial"), (2, "layers"), (3, "images"), (4, "studies"),
                                        (5, "bundle_stat"), (6, "view_caches"), (7, "gpu_energy_state"), (8, "phases"),
-                                       (9, "busy_set_aside"), (10, "design_level")]
+                                       (9, "busy_set_aside"), (10, "design_level"), (11, "language_models")]
     assert rows[0][2]  # applied_at recorded
 
 

@@ -34,7 +34,8 @@ WITH v AS (
 ),
 fastest AS (
     SELECT framework, model, dataset, device,
-        first(cell_id ORDER BY throughput_median DESC, train_s_median ASC NULLS LAST, cell_id) AS fastest_cell_id
+        first(cell_id ORDER BY coalesce(tokens_per_second_median, throughput_median) DESC,
+              train_s_median ASC NULLS LAST, cell_id) AS fastest_cell_id
     FROM cell_stats
     WHERE mode = 'train' AND runs > 0 AND diverged_runs = 0 AND throughput_median IS NOT NULL
     GROUP BY ALL
@@ -45,8 +46,13 @@ gaps AS (
             struct_pack(ok := threads = 'unset', want := 'threads = "unset"'),
             struct_pack(ok := interop_threads = 'unset', want := 'interop_threads = "unset"'),
             struct_pack(ok := onednn, want := 'onednn = true'),
-            struct_pack(ok := layout = framework_default_layout(framework),
+            struct_pack(ok := layout = framework_default_layout(framework)
+                              OR (layout IS NULL AND transformer_model(model)),
                         want := 'layout = "' || framework_default_layout(framework) || '"'),
+            struct_pack(ok := coalesce(params ->> 'compile', 'default') = 'default',
+                        want := 'compile = "default"'),
+            struct_pack(ok := coalesce(params ->> 'attention', 'default') = 'default',
+                        want := 'attention = "default"'),
             struct_pack(ok := precision = 'fp32', want := 'precision = "fp32"'),
             struct_pack(ok := conv_algo = framework_default_conv_algo(framework, device),
                         want := 'conv_algo = "' || framework_default_conv_algo(framework, device) || '"'),
@@ -78,7 +84,7 @@ SELECT v.*,
     bc.throughput_cv AS best_throughput_cv, bc.throughput_noisy AS best_noisy,
     f.fastest_cell_id, fc.runs AS fastest_runs, fc.throughput_median AS fastest_throughput,
     fc.train_s_median AS fastest_train_s, fc.accuracy_median AS fastest_accuracy,
-    cl.closest_cell_id, cl.missing_default,
+    cl.closest_cell_id, cl.missing_default, dc.seq_len AS seq_len, fc.seq_len AS fastest_seq_len,
     (SELECT min(k) FROM range(1, 64) AS t(k) WHERE mw_can_decide(k, k)) AS min_repeats
 FROM v
 LEFT JOIN cell_stats AS dc ON dc.cell_id = v.default_cell_id
@@ -105,6 +111,7 @@ COLUMNS = (
     "p_value", "test", "significant", "verdict", "accuracy_p_value", "accuracy_verdict",
     "fastest_cell_id", "fastest_changes", "fastest_runs", "fastest_throughput",
     "fastest_train_s", "fastest_accuracy", "closest_cell_id", "missing_default", "min_repeats",
+    "seq_len", "fastest_seq_len",
 )
 
 
@@ -173,7 +180,10 @@ def _interval(low: float | None, high: float | None, level: float | None) -> str
 
 
 def _side_interval(row: dict[str, Any], side: str) -> str:
-    return _interval(row[f"{side}_throughput_ci_low"], row[f"{side}_throughput_ci_high"],
+    """The side's throughput interval, in tokens/s for a language model (× its seq_len)."""
+    scale = row["seq_len"] or 1
+    low, high = row[f"{side}_throughput_ci_low"], row[f"{side}_throughput_ci_high"]
+    return _interval(None if low is None else low * scale, None if high is None else high * scale,
                      row[f"{side}_throughput_ci_level"])
 
 
@@ -186,7 +196,7 @@ def sentence(row: dict[str, Any]) -> str:
     if row["best_cell_id"] is None:
         return (f"{where}: the default cell {row['default_cell_id']} has no candidate to compare with "
                 "(no cell with ok runs, no divergence, a throughput and the default's accuracy).")
-    d_thr = (f"{fmt_num(row['default_throughput'])} img/s over {_n_runs(row['default_runs'])} "
+    d_thr = (f"{_rate(row['default_throughput'], row['seq_len'])} over {_n_runs(row['default_runs'])} "
              f"({_side_interval(row, 'default')})")
     if row["verdict"] == "default is fastest":
         others = row["candidates"] - 1
@@ -194,7 +204,7 @@ def sentence(row: dict[str, Any]) -> str:
                 f"none of the {others} other {'cell' if others == 1 else 'cells'} that keep its accuracy "
                 f"has a higher median throughput. Default: median {d_thr}.{_noise(row)}")
     changes = ", ".join(row["changes"] or []) or "the best cell"
-    b_thr = (f"{fmt_num(row['best_throughput'])} img/s median over {_n_runs(row['best_runs'])} "
+    b_thr = (f"{_rate(row['best_throughput'], row['seq_len'])} median over {_n_runs(row['best_runs'])} "
              f"({_side_interval(row, 'best')})")
     evidence = f"{b_thr} against {d_thr}"
     accuracy = _accuracy(row)
@@ -240,14 +250,22 @@ def _fastest(row: dict[str, Any]) -> str:
     changes = ", ".join(row["fastest_changes"] or [])
     what = f" ({changes})" if changes else ""
     return (f" The fastest cell found is {row['fastest_cell_id']}{what}: "
-            f"{fmt_num(row['fastest_throughput'])} img/s median over {_n_runs(row['fastest_runs'])}.")
+            f"{_rate(row['fastest_throughput'], row['fastest_seq_len'])} median over {_n_runs(row['fastest_runs'])}.")
+
+
+def _rate(throughput: float | None, seq_len: int | None) -> str:
+    """A throughput with its unit: images/s, or a language model's tokens/s (and sequences/s)."""
+    if seq_len and throughput is not None:
+        return f"{fmt_num(throughput * seq_len)} tok/s ({fmt_num(throughput, 1)} seq/s)"
+    return f"{fmt_num(throughput)} img/s"
 
 
 def _accuracy(row: dict[str, Any]) -> str:
     if row["accuracy_change"] is None:
         return "No accuracy to compare."
     verdict = row["accuracy_verdict"] or "not tested"
-    return f"Accuracy {fmt_points(row['accuracy_change'])} points ({verdict})."
+    what = "Next-token accuracy" if row.get("seq_len") else "Accuracy"
+    return f"{what} {fmt_points(row['accuracy_change'])} points ({verdict})."
 
 
 def _noise(row: dict[str, Any]) -> str:

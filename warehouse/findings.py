@@ -43,8 +43,8 @@ NEEDS = ("cpu", "gpu")
 MAX_GPUS = 64
 #: Metrics a check may name: each has a per-run values list in the ``findings`` view.
 METRICS = ("train_s", "test_s", "accuracy", "throughput", "epoch_s", "rss_peak_mb", "cpu_total",
-           "device_memory_peak_mb", "step_s")
-LARGER_IS_BETTER = ("throughput", "accuracy")
+           "device_memory_peak_mb", "step_s", "tokens_per_second", "perplexity")
+LARGER_IS_BETTER = ("throughput", "accuracy", "tokens_per_second")
 EXPECT_TREND = ("increases", "decreases")
 EXPECT_OPTION = ("increases", "decreases", "differs")
 MAX_TEXT = 2_000

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from matrun.frameworks import Framework, frameworks
+from matrun.runner.harness.models import TRANSFORMERS
 
 #: What a rendered macro's comment names as its source (``db.MACRO_COMMENT_PREFIX`` + this).
 SOURCE = "images/*/framework.toml"
@@ -40,6 +41,11 @@ def framework_macros(registry: Mapping[str, Framework] | None = None) -> list[tu
         ("framework_preset_hyperparams",
          "CREATE OR REPLACE MACRO framework_preset_hyperparams(framework, family) AS\n    "
          + _presets(presets)),
+        # not a framework fact but the zoo's: whether a model is a transformer (it has no
+        # image layout), from runner/harness/models.py
+        ("transformer_model",
+         "CREATE OR REPLACE MACRO transformer_model(model) AS\n    coalesce(model IN ("
+         + ", ".join(_literal(name) for name in sorted(TRANSFORMERS)) + "), false)"),
     ]
 
 

@@ -357,7 +357,8 @@ CREATE OR REPLACE MACRO fmt_cmp_ratio(r, cmp, inverted) AS
                  CASE WHEN inverted THEN 1 / cmp.ratio_low ELSE cmp.ratio_high END, cmp.ratio_level);
 
 -- A value of a findings metric with its unit: accuracy in %, throughput in img/s, step_s in
--- ms per image, memory in MiB, cpu_total in % of one core, the other metrics in seconds.
+-- ms per image, memory in MiB, cpu_total in % of one core, tokens_per_second in tok/s,
+-- perplexity a bare number, the other metrics in seconds.
 CREATE OR REPLACE MACRO fmt_metric(v, metric) AS
     CASE WHEN v IS NULL THEN 'n/a'
          WHEN metric = 'accuracy' THEN format('{:.2f} %', v * 100)
@@ -365,6 +366,8 @@ CREATE OR REPLACE MACRO fmt_metric(v, metric) AS
          WHEN metric = 'step_s' THEN fmt_num(v * 1000) || ' ms/img'
          WHEN metric IN ('rss_peak_mb', 'device_memory_peak_mb') THEN fmt_num(v) || ' MiB'
          WHEN metric = 'cpu_total' THEN fmt_num(v) || ' % CPU'
+         WHEN metric = 'tokens_per_second' THEN fmt_num(v) || ' tok/s'
+         WHEN metric = 'perplexity' THEN 'perplexity ' || fmt_num(v)
          ELSE fmt_num(v) || ' s' END;
 
 -- A cell parameter's value in a sentence: counts as "8 threads" / "1 epoch", the rest as
@@ -392,7 +395,8 @@ CREATE OR REPLACE MACRO params_match(p, w) AS entries_match(params_entries(p), w
 
 -- The values of a findings metric over a cell's ok runs (views/findings.sql).
 CREATE OR REPLACE MACRO finding_values(metric, train_s, test_s, accuracy, throughput, epoch_s,
-                                       rss_peak_mb, cpu_total, device_memory_peak_mb) AS
+                                       rss_peak_mb, cpu_total, device_memory_peak_mb,
+                                       tokens_per_second, perplexity) AS
     CASE metric
         WHEN 'train_s' THEN train_s
         WHEN 'test_s' THEN test_s
@@ -403,6 +407,8 @@ CREATE OR REPLACE MACRO finding_values(metric, train_s, test_s, accuracy, throug
         WHEN 'rss_peak_mb' THEN rss_peak_mb
         WHEN 'cpu_total' THEN cpu_total
         WHEN 'device_memory_peak_mb' THEN device_memory_peak_mb
+        WHEN 'tokens_per_second' THEN tokens_per_second
+        WHEN 'perplexity' THEN perplexity
     END;
 
 -- Do the caches of the study views match the warehouse?  caches_match(): whether they were

@@ -3,7 +3,8 @@
 -- (stddev_samp / mean; NULL with a single run).  Memory is in MiB (2^20 bytes): the median
 -- over runs of each run's average RSS, and the highest peak of any run.  Flags counted like
 -- mismatches: runs whose GPU throttled, runs that started on a busy machine; energy per image
--- (joules, GPU + CPU packages as measured, NULL where unmeasured) and NVML's peak GPU memory.
+-- (joules, GPU + CPU packages as measured, NULL where unmeasured) and NVML's peak GPU memory;
+-- for a language model (docs/TRANSFORMERS.md) tokens/s and perplexity (NULL for the others).
 SELECT
     sweep,
     cell_id,
@@ -36,7 +37,11 @@ SELECT
     count(*) FILTER (WHERE gpu_throttled)            AS throttled_runs,
     count(*) FILTER (WHERE busy_start)               AS busy_runs,
     median(j_per_image)                              AS j_per_image_median,
-    median(gpu_mem_used_peak_bytes) / 1048576.0      AS gpu_mem_peak_mb
+    median(gpu_mem_used_peak_bytes) / 1048576.0      AS gpu_mem_peak_mb,
+    median(tokens_per_second)                        AS tokens_per_second_median,
+    median(perplexity)                               AS perplexity_median,
+    min(perplexity)                                  AS perplexity_min,
+    max(perplexity)                                  AS perplexity_max
 FROM run_overview
 WHERE status = 'ok'
 GROUP BY sweep, cell_id

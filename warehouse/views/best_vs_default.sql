@@ -3,7 +3,8 @@
 -- One row per (framework, model, dataset, device) with training cells.  The default cell
 -- is the one default_cells names (NULL when absent or ambiguous: then best is NULL too).
 -- Candidates: the group's cells with ok runs, no diverged run, a throughput, and a median
--- accuracy at least the default's median minus 0.5 percentage points (0.005).  best: the
+-- accuracy at least the default's median minus 0.5 percentage points (0.005) and, for a language
+-- model, the default's sequence length (so that sequences/s compare as tokens/s do).  best: the
 -- candidate with the highest median throughput (ties: the default, then the lower median
 -- train s, then the cell id); it may be the default itself.  changes lists the parameters (key=value) of the best cell
 -- that differ from the default's.  speedup = best throughput / default throughput,
@@ -24,7 +25,8 @@ d AS (
     FROM default_cells WHERE mode = 'train'
 ),
 g AS (
-    SELECT d.*, dc.accuracy_median AS default_accuracy, dc.params_key AS default_params_key
+    SELECT d.*, dc.accuracy_median AS default_accuracy, dc.params_key AS default_params_key,
+        dc.seq_len AS default_seq_len
     FROM d LEFT JOIN cs AS dc ON dc.cell_id = d.default_cell_id
 ),
 cand AS (
@@ -39,6 +41,7 @@ cand AS (
      AND c.device = g.device AND c.mode = 'train'
     WHERE c.runs > 0 AND c.diverged_runs = 0 AND c.throughput_median IS NOT NULL
       AND c.accuracy_median >= g.default_accuracy - 0.005
+      AND c.seq_len IS NOT DISTINCT FROM g.default_seq_len
     GROUP BY ALL
 ),
 pairs AS (

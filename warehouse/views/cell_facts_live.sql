@@ -4,7 +4,8 @@
 -- them all, which takes seconds on a big warehouse.  One row per cell: the
 -- statistics columns (the per-cell statistics view selects them and says what each is), then:
 -- cpu_count (the hosts' largest), the values over the ok runs of the other metrics a study's
--- verdicts may test (epoch_s, rss_peak_mb, cpu_total, device_memory_peak_mb; sorted),
+-- verdicts may test (epoch_s, rss_peak_mb, cpu_total, device_memory_peak_mb, and a language
+-- model's tokens_per_second and perplexity from its summary; sorted),
 -- memory_limit, layer_profile and kvstore from params, entries (macro params_entries of
 -- params), config_* (the configuration of each sweep view, macro entries_config_id),
 -- params_key (macro entries_key of every parameter) and epoch_rows (the cell's rows of the
@@ -55,6 +56,10 @@ r AS NOT MATERIALIZED (
         TRY_CAST(x.summary ->> 'inference_seconds' AS DOUBLE)          AS inference_seconds,
         TRY_CAST(x.summary ->> 'peak_device_memory_bytes' AS BIGINT)   AS peak_device_memory_bytes,
         TRY_CAST(x.probe ->> 'onednn_primitives' AS BIGINT)            AS onednn_primitives,
+        TRY_CAST(x.summary ->> 'tokens_per_second' AS DOUBLE)          AS tokens_per_second,
+        coalesce(TRY_CAST(x.summary ->> 'seq_len' AS INTEGER),
+                 TRY_CAST(x.params ->> 'seq_len' AS INTEGER))          AS seq_len,
+        TRY_CAST(x.summary ->> 'perplexity' AS DOUBLE)                 AS perplexity,
         json_merge_patch(x.params, '{"timeout": null, "onednn_check": null}') AS identity,
         x.diverged,
         coalesce(probe_blas(x.probe, x.params ->> 'framework'), i.blas) AS run_blas,
@@ -110,6 +115,7 @@ cells AS (
         any_value(preset)                            AS preset,
         any_value(cpuset)                            AS cpuset,
         any_value(seed)                              AS seed,
+        max(seq_len)                                 AS seq_len,
         any_value(identity)                          AS params,
         count(*) FILTER (WHERE status = 'ok')        AS runs,
         count(*) FILTER (WHERE status = 'failed')    AS failed_runs,
@@ -146,6 +152,11 @@ ok AS (
         max(peak_device_memory_bytes) / 1048576.0                            AS device_memory_peak_mb,
         median(exchange_seconds)                                             AS exchange_s_median,
         median(exchange_fraction)                                            AS exchange_fraction_median,
+        median(tokens_per_second)                                            AS tokens_per_second_median,
+        median(perplexity)                                                   AS perplexity_median,
+        list(tokens_per_second ORDER BY tokens_per_second)
+            FILTER (WHERE tokens_per_second IS NOT NULL)                     AS tokens_per_second_values,
+        list(perplexity ORDER BY perplexity) FILTER (WHERE perplexity IS NOT NULL) AS perplexity_values,
         list(epoch_seconds ORDER BY epoch_seconds) FILTER (WHERE epoch_seconds IS NOT NULL) AS epoch_s_values,
         list(rss_peak_bytes / 1048576.0 ORDER BY rss_peak_bytes)
             FILTER (WHERE rss_peak_bytes IS NOT NULL)                        AS rss_peak_mb_values,
@@ -184,8 +195,9 @@ stats AS (
         epoch_s_median, inference_s_median, onednn_primitives,
         cpu_user_median, cpu_system_median, iowait_median, cpu_total_median,
         rss_avg_mb, rss_peak_mb, device_memory_peak_mb, exchange_s_median, exchange_fraction_median,
+        tokens_per_second_median, perplexity_median,
         c.cpu_count, ci.epoch_s_values, ci.rss_peak_mb_values, ci.cpu_total_values,
-        ci.device_memory_peak_mb_values
+        ci.device_memory_peak_mb_values, ci.tokens_per_second_values, ci.perplexity_values
     FROM cells AS c
     LEFT JOIN ci USING (cell_id)
 ),

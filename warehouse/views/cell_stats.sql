@@ -4,7 +4,9 @@
 -- exact 95 % confidence interval of the median (order statistics, macro median_ci: for
 -- n <= 5 the full range [min, max] with its lower coverage in *_ci_level; NULL for n = 1),
 -- coefficient of variation (stddev_samp / mean) and noisy (CV > 0.05; NULL below 2 runs),
--- plus the sorted values the comparison views test.  Throughput is the harness's median
+-- plus the sorted values the comparison views test; for a language model (docs/TRANSFORMERS.md)
+-- tokens_per_second_median (throughput x seq_len) and perplexity_median (exp of the test loss),
+-- NULL for every other cell.  Throughput is the harness's median
 -- images/s over the timed steps: warm-up steps are already left out.  A diverged run
 -- (NaN loss) stopped early: its train and test times are left out (its accuracy is NULL,
 -- its throughput counts); diverged_runs counts it.  workers is the cell's data-parallel
@@ -16,7 +18,7 @@
 -- Computed in views/cell_facts.sql, which keeps them in a cache (docs/WAREHOUSE.md "Views at
 -- scale").
 SELECT * EXCLUDE (cpu_count, epoch_s_values, rss_peak_mb_values, cpu_total_values,
-                  device_memory_peak_mb_values, memory_limit, layer_profile, kvstore, entries,
+                  device_memory_peak_mb_values, tokens_per_second_values, perplexity_values, memory_limit, layer_profile, kvstore, entries,
                   config_threads, config_batch, config_lr_grid, config_length, config_workers,
                   config_library, config_conv_algo, config_layout, config_precision, config_onednn,
                   params_key, epoch_rows, fingerprint)

@@ -4,8 +4,9 @@
 -- runs.  The default cell is chosen in three steps:
 --   1. default execution settings: threads and interop_threads "unset", onednn true (null: a
 --      framework without oneDNN, framework.toml onednn = false), the
---      framework's own layout and convolution-algorithm choice (macros
---      framework_default_layout / framework_default_conv_algo), precision fp32, variant
+--      framework's own layout (none for a transformer, macro transformer_model) and
+--      convolution-algorithm choice (macros framework_default_layout /
+--      framework_default_conv_algo), compile and attention "default", precision fp32, variant
 --      "cpu" on the CPU (any variant on the GPU), one worker, no cpuset, no memory limit, no
 --      layer profile, preset "framework-default" or "none";
 --   2. of those, preset "framework-default" wins over "none";
@@ -20,7 +21,9 @@
 WITH s AS (
     SELECT *,
         threads = 'unset' AND interop_threads = 'unset' AND coalesce(onednn, true)
-        AND layout = framework_default_layout(framework)
+        AND (layout = framework_default_layout(framework) OR (layout IS NULL AND transformer_model(model)))
+        AND coalesce(params ->> 'compile', 'default') = 'default'
+        AND coalesce(params ->> 'attention', 'default') = 'default'
         AND precision = 'fp32'
         AND conv_algo = framework_default_conv_algo(framework, device)
         AND (device <> 'cpu' OR variant = 'cpu')

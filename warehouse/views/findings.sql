@@ -15,7 +15,7 @@
 -- bound; a change beyond it is contradicted only when significant) and `largest_share` (a
 -- count over runs, no test).  The rules, with a the cell
 -- under test and b its reference, r = median(a) / median(b), significant = cmp.significant,
--- worse / better by the metric (throughput and accuracy larger is better, the rest smaller):
+-- worse / better by the metric (throughput, accuracy and tokens_per_second larger is better, the rest smaller):
 --   proportional     a = largest x > 0, b = smallest: a larger and |r / (x_a / x_b) - 1| <= tolerance
 --   trend            a = largest numeric x, b = smallest: the change in the expected direction
 --   oversubscription a = largest x above the host's CPU count (largest runs.host cpu_count of
@@ -65,7 +65,7 @@ f AS (
     SELECT s.study, s.title, d.finding, d.position, d.claim, d.cite, d.check_kind, d.options,
         d.options ->> 'x'                                                    AS xk,
         d.options ->> 'metric'                                               AS metric,
-        coalesce(d.options ->> 'metric', '') IN ('throughput', 'accuracy')   AS lib,
+        coalesce(d.options ->> 'metric', '') IN ('throughput', 'accuracy', 'tokens_per_second') AS lib,
         coalesce(json_extract_string(d.options, '$.along[*]'), []::VARCHAR[]) AS along,
         d.options ->> 'kind'                                                 AS kind,
         d.options ->> 'expect'                                               AS expect,
@@ -87,7 +87,8 @@ sc AS (
 cs AS MATERIALIZED (
     SELECT cell_id, fingerprint, entries, env_id, runs, busy_set_aside, design_level, framework, model, dataset,
         device, cpu_count, train_s_values, test_s_values, accuracy_values, throughput_values, epoch_s_values,
-        rss_peak_mb_values, cpu_total_values, device_memory_peak_mb_values
+        rss_peak_mb_values, cpu_total_values, device_memory_peak_mb_values, tokens_per_second_values,
+        perplexity_values
     FROM cell_cache
     WHERE cell_id IN (SELECT cell_id FROM registered)
 ),
@@ -98,7 +99,8 @@ cells AS (
         CASE WHEN regexp_full_match(f.xk, '[a-z][a-z0-9_]*') THEN entries_value(c.entries, f.xk) END AS xv,
         finding_values(f.metric, c.train_s_values, c.test_s_values, c.accuracy_values,
                        c.throughput_values, c.epoch_s_values, c.rss_peak_mb_values,
-                       c.cpu_total_values, c.device_memory_peak_mb_values) AS vals
+                       c.cpu_total_values, c.device_memory_peak_mb_values, c.tokens_per_second_values,
+                       c.perplexity_values) AS vals
     FROM f
     JOIN sc USING (study)
     JOIN cs AS c USING (cell_id)
