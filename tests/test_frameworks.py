@@ -275,6 +275,9 @@ def test_workers_templates_fill_text_and_json():
      "[workers.env.<role>]"),
     (("[[unsupported]]\nwhen", "[[unsupported]]\nwhy = 1\nwhen"),
      "images/torch/framework.toml [[unsupported]] 1: unknown key(s) why"),
+    (('when = { device = "cpu", precision = "fp16" }', 'when = { device = "cpu", precison = "fp16" }'),
+     "images/torch/framework.toml [[unsupported]] 1: precison is neither a cell parameter nor one of "
+     "model_family, several_processes, several_gpus"),
 ])
 def test_a_malformed_description_names_the_file_and_the_key(tmp_path: Path, edit: tuple[str, str], message: str):
     folder = tmp_path / "torch"
@@ -307,3 +310,18 @@ def test_exactly_one_framework_is_the_default(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="exactly one images/\\*/framework.toml must say default = true; "
                                          "tensorflow, torch do"):
         registry.default_framework()
+
+
+def test_an_unsupported_rule_may_name_the_facts_derived_from_the_parameters():
+    from matrun.frameworks import Unsupported, derived
+
+    lm = {"model": "gpt-tiny", "device": "gpu", "gpus": 2, "workers": 1, "nodes": None, "kvstore": None}
+    assert derived(lm) == {"model_family": "transformer", "several_processes": False, "several_gpus": True}
+    assert derived({**lm, "model": "lenet5", "gpus": 1, "workers": 2}) == {
+        "model_family": "cnn", "several_processes": True, "several_gpus": False}
+    assert derived({**lm, "device": "cpu", "gpus": None, "nodes": 2})["several_processes"] is True
+    assert derived({**lm, "kvstore": "dist_sync", "gpus": 1})["several_processes"] is True
+    fw = dataclasses.replace(frameworks()["jax"], unsupported=(
+        Unsupported({"model_family": "transformer", "several_gpus": True}, "one GPU"),))
+    assert fw.refusal(lm) == "one GPU"
+    assert fw.refusal({**lm, "gpus": 1}) is None and fw.refusal({**lm, "model": "lenet5"}) is None

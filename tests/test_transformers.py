@@ -203,6 +203,12 @@ def matrix(tmp_path: Path, body: str):
     ('attention = "fused"', "attention lenet5 has no attention"),
     ('framework = "theano"\ncompile = "eager"', "Theano compiles every graph into C"),
     ('framework = "chainer"\ncompile = "compiled"', "Chainer runs define-by-run"),
+    ('framework = "jax"\nmodel = "gpt-tiny"\ndataset = "synthetic-text"\nworkers = 2',
+     "JAX transformers run on one device in one process"),
+    ('framework = "tensorflow"\nmodel = "vit-tiny"\ndevice = "gpu"\nvariant = "cuda"\ngpus = 2',
+     "TensorFlow transformers run on one device in one process"),
+    ('framework = "mxnet"\nmodel = "gpt-tiny"\ndataset = "synthetic-text"\nprecision = "bf16"',
+     "MXNet transformers run in fp32"),
 ])
 def test_the_host_refuses_them_before_anything_runs(tmp_path, fixed, words):
     with pytest.raises(MatrixError) as caught:
@@ -221,6 +227,14 @@ def test_a_transformer_cell_plans_with_its_keys_and_cnn_cells_keep_their_identit
     assert cell.identity["seq_len"] == 64 and "layout" not in cell.identity
     plain = matrix(tmp_path, '[fixed]\nmodel = "lenet5"\n')
     assert not {"compile", "attention", "seq_len", "synthetic_vocab"} & set(plain.cells[0].identity)
+
+
+def test_what_a_framework_refuses_for_transformers_alone_leaves_its_other_cells_alone(tmp_path):
+    """The [[unsupported]] rules on derived facts: JAX's CNNs still run over two workers and
+    MXNet's in bf16; PyTorch's transformers run over two workers (DistributedDataParallel)."""
+    assert len(matrix(tmp_path, '[fixed]\nframework = "jax"\nmodel = "lenet5"\nworkers = 2\n').cells) == 1
+    assert len(matrix(tmp_path, '[fixed]\nframework = "mxnet"\nprecision = "bf16"\n').cells) == 1
+    assert len(matrix(tmp_path, '[fixed]\nmodel = "gpt-tiny"\ndataset = "synthetic-text"\nworkers = 2\n').cells) == 1
 
 
 

@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from matrun.errors import InputError
-from matrun.runner.harness.spec import PRESETS
+from matrun.runner.harness import distributed
+from matrun.runner.harness.models import is_transformer
+from matrun.runner.harness.spec import PARAMS, PRESETS
 from matrun.tomltext import TomlError, loads as toml_loads
 
 
@@ -44,6 +46,21 @@ class Unsupported:
     def matches(self, params: Mapping[str, Any]) -> bool:
         return (all(params.get(k) == v for k, v in self.when.items())
                 and all(params.get(k) != v for k, v in self.when_not.items()))
+
+
+#: What an ``[[unsupported]]`` rule may name beside the cell's parameters: facts derived from
+#: them (``derived``), so that a rule can say "a transformer over several processes".
+DERIVED_KEYS = ("model_family", "several_processes", "several_gpus")
+
+
+def derived(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``DERIVED_KEYS`` of a cell: ``model_family`` "transformer" or "cnn" (the zoo's
+    convolutional and dense models), ``several_processes`` (the cell runs as several worker
+    processes, or with a parameter server: harness/distributed.py ``multi_process``) and
+    ``several_gpus`` (a gpu cell on more than one GPU)."""
+    return {"model_family": "transformer" if is_transformer(str(params.get("model"))) else "cnn",
+            "several_processes": distributed.multi_process(params),
+            "several_gpus": params.get("device") == "gpu" and int(params.get("gpus") or 1) > 1}
 
 
 PROMISE_KEYS = ("framework_version", "python", "cuda", "cudnn", "blas", "onednn", "openmp")
@@ -232,8 +249,13 @@ class Framework:
         return env
 
     def refusal(self, params: Mapping[str, Any]) -> str | None:
+        """The reason of the first ``[[unsupported]]`` rule the cell matches (its parameters
+        and their ``derived`` facts), or None."""
+        if not self.unsupported:
+            return None
+        facts = {**params, **derived(params)}
         for rule in self.unsupported:
-            if rule.matches(params):
+            if rule.matches(facts):
                 return rule.reason
         return None
 
@@ -413,6 +435,10 @@ def _parse_unsupported(file: str, rules: Any) -> tuple[Unsupported, ...]:
                 or "reason" not in rule):
             raise InputError(f"{where}: needs when = {{ parameter = value, … }} (and/or when_not = {{ … }}) "
                              "and reason = \"…\"")
+        unknown = sorted(k for k in (*when, *when_not) if k not in PARAMS and k not in DERIVED_KEYS)
+        if unknown:
+            raise InputError(f"{where}: {', '.join(unknown)} is neither a cell parameter nor one of "
+                             f"{', '.join(DERIVED_KEYS)}")
         out.append(Unsupported(dict(when), _text(where, "reason", rule["reason"]), dict(when_not)))
     return tuple(out)
 
