@@ -117,11 +117,13 @@ def test_a_vit_cell_trains_on_images(torch_python, stage, tmp_path):
 
 def test_a_compiled_cell_compiles_before_its_first_step_and_trains_as_eager_does(torch_python, stage, tmp_path):
     """torch.compile's time lands in ``compilation``, not in a step; the compiled model starts
-    from the same weights and trains to the same loss as eager, to float rounding."""
+    from the same weights and trains to the same loss as eager, to float rounding.  Inductor's
+    on-disk cache is recorded: an empty one makes a cold compile, the same cell again a warm one."""
     eager, e_events = run(torch_python, stage, tmp_path / "eager", iterations=6, epochs=None, compile="eager",
                           attention="explicit")
-    compiled, c_events = run(torch_python, stage, tmp_path / "compiled", iterations=6, epochs=None,
-                             compile="compiled", attention="explicit")
+    cache = {"OMP_NUM_THREADS": "2", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    compiled, c_events = run_cell("torch", torch_python, stage, tmp_path / "compiled", env=cache, iterations=6,
+                                  epochs=None, compile="compiled", attention="explicit")
     if compiled.returncode != 0 and "C++ compile" in compiled.stderr:
         pytest.fail("torch.compile needs a C++ compiler in the torch environment: " + compiled.stderr[-500:])
     assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr[-3000:]
@@ -132,6 +134,12 @@ def test_a_compiled_cell_compiles_before_its_first_step_and_trains_as_eager_does
     loss_e = [e for e in e_events if e["type"] == "epoch"][-1]["train_loss"]
     loss_c = [e for e in c_events if e["type"] == "epoch"][-1]["train_loss"]
     assert math.isclose(loss_e, loss_c, rel_tol=1e-3), (loss_e, loss_c)
+    assert record["cache"]["state"] == "cold" and record["cache"]["hits"] == 0 and record["cache"]["misses"] > 0
+    again, a_events = run_cell("torch", torch_python, stage, tmp_path / "again", env=cache, iterations=6,
+                               epochs=None, compile="compiled", attention="explicit")
+    assert again.returncode == 0, again.stderr[-3000:]
+    warm = one(a_events, "summary")["compilation"]["cache"]
+    assert warm["state"] == "warm" and warm["misses"] == 0 and warm["hits"] > 0
 
 
 def test_fortunes_train_a_gpt_cell(torch_python, stage, tmp_path):

@@ -81,6 +81,8 @@ SELECT
     TRY_CAST(r.summary -> 'compilation' ->> 'seconds' AS DOUBLE)   AS compile_seconds,
     -- compilations the framework reported while a timed step ran (0: none; NULL: not watched)
     TRY_CAST(r.summary -> 'compilation' ->> 'in_steps' AS INTEGER) AS compiles_in_steps,
+    -- PyTorch: whether Inductor's on-disk cache held the compiled graphs (warm / cold / partly warm)
+    r.summary -> 'compilation' -> 'cache' ->> 'state'              AS compile_cache,
     r.probe -> 'in_force' ->> 'attention_kernel'                   AS attention_kernel
 FROM runs AS r
 WHERE r."repeat" <> canary_repeat()  -- canary runs ([sweep] canary) are no repeats

@@ -682,6 +682,7 @@ def _compiled(params: dict[str, Any], model: nn.Module, loss_fn: Any, amp: Any, 
     if setting(params, "compile") != "compiled":
         return model, None
     _compile_watch()
+    before = _inductor_cache()
     compiled = torch.compile(model)
     sizes = sorted({min(batch_size, len(x)), len(x) % batch_size} - {0}, reverse=True)
     buffers = {k: v.clone() for k, v in model.state_dict().items() if k in dict(model.named_buffers())}
@@ -703,8 +704,31 @@ def _compiled(params: dict[str, Any], model: nn.Module, loss_fn: Any, amp: Any, 
     model.zero_grad(set_to_none=True)
     if buffers:
         model.load_state_dict(buffers, strict=False)
+    after = _inductor_cache()
+    cache = None if before is None or after is None else {k: after[k] - before[k] for k in after}
     return compiled, {"mode": "compiled", "implementation": f"torch.compile (inductor, torch {torch.__version__})",
-                      "seconds": round(seconds, 6), "batch_sizes": sizes, "backward": training}
+                      "seconds": round(seconds, 6), "batch_sizes": sizes, "backward": training,
+                      **({"cache": {**cache, "state": _cache_state(cache)}} if cache else {})}
+
+
+def _inductor_cache() -> dict[str, int] | None:
+    """Inductor's on-disk cache so far in this process: compiled graphs found there (``hits``:
+    its FX-graph and AOT-autograd caches) and compiled afresh (``misses``).  None where this
+    torch keeps no such counters."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    inductor, aot = counters["inductor"], counters["aot_autograd"]
+    return {"hits": inductor["fxgraph_cache_hit"] + aot["autograd_cache_hit"],
+            "misses": inductor["fxgraph_cache_miss"] + aot["autograd_cache_miss"]}
+
+
+def _cache_state(cache: dict[str, int]) -> str:
+    """"warm": every compiled graph came from the cache; "cold": none did; else "partly warm"."""
+    if cache["misses"] == 0 and cache["hits"] > 0:
+        return "warm"
+    return "cold" if cache["hits"] == 0 else "partly warm"
 
 
 def parameter_count(model: nn.Module) -> int:
