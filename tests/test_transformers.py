@@ -350,3 +350,53 @@ def test_tokens_per_second_and_perplexity_are_cell_statistics_a_finding_can_test
     # 1.49x more tokens/s (reproduced); perplexity 0.3 % higher: not lower (no significant
     # change at 4 against 4), and within 5 % of eager (the bound's interval inside it)
     assert dict(rows) == {"faster": "reproduced", "lower-ppl": "not significant", "same-ppl": "reproduced"}
+
+
+def test_a_layer_kinds_share_is_a_metric_so_attentions_growth_with_the_sequence_can_be_a_finding(tmp_path):
+    """metric = "share:attention": the attention layers' share of each ok run's layer-profile
+    time, tested like any metric (here a trend over seq_len)."""
+    from bundle_factory import make_bundle
+    from matrun.warehouse.db import open_warehouse
+    from matrun.warehouse.findings import parse_study, register_study
+    from matrun.warehouse.ingest import ingest
+    from matrun.warehouse.query import run_query
+
+    results = tmp_path / "results"
+    cells = {16: ("5000000000000016", [0.10, 0.11, 0.12, 0.13]), 128: ("5000000000000128", [0.40, 0.42, 0.44, 0.46])}
+    for seq_len, (cell_id, attention) in cells.items():
+        for i, share in enumerate(attention):
+            layers = [{"name": "block0.attn", "kind": "attention", "forward_seconds": share / 2,
+                       "backward_seconds": share / 2},
+                      {"name": "block0.mlp", "kind": "mlp", "forward_seconds": (1 - share) / 2,
+                       "backward_seconds": (1 - share) / 2}]
+            make_bundle(results, sweep="lm", cell_id=cell_id, repeat=i, layers=layers,
+                        params={"model": "gpt-tiny", "dataset": "synthetic-text", "seq_len": seq_len,
+                                "layout": None, "layer_profile": True})
+    warehouse = tmp_path / "w.duckdb"
+    ingest([results], warehouse=warehouse)
+    errors: list = []
+    decl = parse_study({"study": {"id": "lm", "title": "lm"}, "findings": [
+        {"id": "grows", "claim": "c", "cite": "ours", "check": "trend", "x": "seq_len",
+         "metric": "share:attention", "expect": "increases"},
+        {"id": "shrinks", "claim": "c", "cite": "ours", "check": "trend", "x": "seq_len",
+         "metric": "share:mlp", "expect": "increases"}]}, lambda where, message: errors.append((where, message)))
+    assert not errors and decl is not None, errors
+    with open_warehouse(warehouse) as wh:
+        register_study(wh.con, decl, profile="quick", matrix="studies/lm.toml", cell_ids=[c for c, _ in cells.values()])
+    columns, rows = run_query("SELECT finding, verdict, ratio, observed FROM findings WHERE study = 'lm' "
+                              "ORDER BY finding", warehouse=warehouse)
+    got = {r[0]: r for r in rows}
+    assert got["grows"][1] == "reproduced" and got["grows"][2] == pytest.approx(0.43 / 0.115)
+    assert "43.0 % of layer time" in got["grows"][3]
+    assert got["shrinks"][1] == "contradicted"  # the MLP's share falls as attention's grows
+
+
+@pytest.mark.parametrize("metric", ["share:", "share:Attention", "share:a b", "shares:attention"])
+def test_a_share_metric_names_a_layer_kind(metric):
+    from matrun.warehouse.findings import parse_study
+
+    errors: list = []
+    parse_study({"study": {"id": "lm", "title": "lm"}, "findings": [
+        {"id": "f", "claim": "c", "cite": "ours", "check": "trend", "x": "seq_len", "metric": metric,
+         "expect": "increases"}]}, lambda where, message: errors.append((where, message)))
+    assert errors and "share:<layer kind>" in errors[0][1]

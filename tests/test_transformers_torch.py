@@ -162,7 +162,7 @@ def test_a_sequence_longer_than_the_positions_is_a_bad_spec(torch_python, stage,
 def test_a_layer_profile_times_every_unit_under_its_group(torch_python, stage, tmp_path):
     """layer_profile on a transformer: one layer record per unit of models.transformer_walk,
     its group as the kind, the parameters summing to the model's (how the groups' shares move
-    with the sequence is a measurement: benchmarks/transformers.toml, not a test)."""
+    with the sequence is a measurement: studies/transformers.toml's attention-share-grows, not a test)."""
     proc, events = run(torch_python, stage, tmp_path / "run", seq_len=32, iterations=3, epochs=None,
                        layer_profile=True, attention="explicit")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -45,6 +45,18 @@ MAX_GPUS = 64
 METRICS = ("train_s", "test_s", "accuracy", "throughput", "epoch_s", "rss_peak_mb", "cpu_total",
            "device_memory_peak_mb", "step_s", "tokens_per_second", "perplexity")
 LARGER_IS_BETTER = ("throughput", "accuracy", "tokens_per_second")
+#: A metric ``share:<kind>``: that layer kind's share of a run's layer-profile time
+#: (forward + backward summed over the kind's layers, over every layer's), per ok run.
+SHARE_PREFIX = "share:"
+
+
+def is_metric(value: Any) -> bool:
+    """One of ``METRICS`` or ``share:<layer kind>``."""
+    if not isinstance(value, str):
+        return False
+    if value.startswith(SHARE_PREFIX):
+        return bool(LAYER_KIND.match(value[len(SHARE_PREFIX):]))
+    return value in METRICS
 EXPECT_TREND = ("increases", "decreases")
 EXPECT_OPTION = ("increases", "decreases", "differs")
 MAX_TEXT = 2_000
@@ -321,8 +333,8 @@ def _check_option(check: str, key: str, value: Any, where: tuple[Any, ...], repo
             return _BAD
         return value
     if key == "metric":
-        if value not in METRICS:
-            report(where, f"expected one of {', '.join(METRICS)}, got {_show(value)}")
+        if not is_metric(value):
+            report(where, f"expected one of {', '.join(METRICS)} or share:<layer kind>, got {_show(value)}")
             return _BAD
         return value
     if key == "expect":
@@ -404,8 +416,8 @@ def _parse_paper(raw: Any, report: Add, names: frozenset[str]) -> PaperTable | N
                 ok = False
             out[key] = value
         elif key == "metric":
-            if value not in METRICS:
-                report(where, f"expected one of {', '.join(METRICS)}, got {_show(value)}")
+            if not is_metric(value):
+                report(where, f"expected one of {', '.join(METRICS)} or share:<layer kind>, got {_show(value)}")
                 ok = False
             out[key] = value
         elif key not in ("columns", "rows"):

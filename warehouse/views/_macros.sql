@@ -358,7 +358,7 @@ CREATE OR REPLACE MACRO fmt_cmp_ratio(r, cmp, inverted) AS
 
 -- A value of a findings metric with its unit: accuracy in %, throughput in img/s, step_s in
 -- ms per image, memory in MiB, cpu_total in % of one core, tokens_per_second in tok/s,
--- perplexity a bare number, the other metrics in seconds.
+-- perplexity a bare number, share:<kind> in % of layer time, the other metrics in seconds.
 CREATE OR REPLACE MACRO fmt_metric(v, metric) AS
     CASE WHEN v IS NULL THEN 'n/a'
          WHEN metric = 'accuracy' THEN format('{:.2f} %', v * 100)
@@ -368,6 +368,7 @@ CREATE OR REPLACE MACRO fmt_metric(v, metric) AS
          WHEN metric = 'cpu_total' THEN fmt_num(v) || ' % CPU'
          WHEN metric = 'tokens_per_second' THEN fmt_num(v) || ' tok/s'
          WHEN metric = 'perplexity' THEN 'perplexity ' || fmt_num(v)
+         WHEN starts_with(metric, 'share:') THEN format('{:.1f} %', v * 100) || ' of layer time'
          ELSE fmt_num(v) || ' s' END;
 
 -- A cell parameter's value in a sentence: counts as "8 threads" / "1 epoch", the rest as

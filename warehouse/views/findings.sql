@@ -15,7 +15,8 @@
 -- bound; a change beyond it is contradicted only when significant) and `largest_share` (a
 -- count over runs, no test).  The rules, with a the cell
 -- under test and b its reference, r = median(a) / median(b), significant = cmp.significant,
--- worse / better by the metric (throughput, accuracy and tokens_per_second larger is better, the rest smaller):
+-- worse / better by the metric (throughput, accuracy and tokens_per_second larger is better, the rest smaller;
+-- share:<kind>, a layer kind's share of each ok run's layer-profile time, counts as smaller-is-better):
 --   proportional     a = largest x > 0, b = smallest: a larger and |r / (x_a / x_b) - 1| <= tolerance
 --   trend            a = largest numeric x, b = smallest: the change in the expected direction
 --   oversubscription a = largest x above the host's CPU count (largest runs.host cpu_count of
@@ -92,18 +93,49 @@ cs AS MATERIALIZED (
     FROM cell_cache
     WHERE cell_id IN (SELECT cell_id FROM registered)
 ),
+-- largest_share and the share:<kind> metrics: per ok run with a layer profile, each kind's
+-- summed forward + backward time
+layer_runs AS (
+    SELECT cell_id, run_id, sum(t) AS total, max(t) AS top, arg_max(kind, t) AS top_kind,
+        list(struct_pack(kind := kind, t := t)) AS kinds
+    FROM (
+        SELECT r.cell_id, l.run_id, l.kind,
+            sum(coalesce(l.forward_seconds, 0) + coalesce(l.backward_seconds, 0)) AS t
+        FROM layers AS l
+        JOIN runs AS r USING (run_id)
+        WHERE r.status = 'ok' AND r."repeat" <> canary_repeat() AND r.cell_id IN (SELECT cell_id FROM registered)
+        GROUP BY r.cell_id, l.run_id, l.kind
+    )
+    GROUP BY cell_id, run_id
+),
+-- the share:<kind> metrics: per cell and kind, the kind's share of each ok run's layer time
+-- (sorted; a run whose profile lacks the kind counts 0)
+layer_share_values AS (
+    SELECT cell_id, kind, list(share ORDER BY share) FILTER (WHERE share IS NOT NULL) AS vals
+    FROM (
+        SELECT lr.cell_id, k.kind,
+            coalesce(list_sum(list_transform(list_filter(lr.kinds, lambda j: j.kind = k.kind),
+                                             lambda j: j.t)), 0) / nullif(lr.total, 0) AS share
+        FROM layer_runs AS lr
+        JOIN (SELECT DISTINCT cell_id, unnest(kinds).kind AS kind FROM layer_runs) AS k USING (cell_id)
+    )
+    GROUP BY cell_id, kind
+),
 -- each finding's cells, with only what the checks below read (the rows are many)
 cells AS (
     SELECT f.study, f.finding, f.check_kind, f.xk, f.metric, f.lib, f.along, f.value_text,
         f.ref_text, f.at_most, c.cell_id, c.fingerprint, c.entries, c.env_id, c.cpu_count, c.design_level,
         CASE WHEN regexp_full_match(f.xk, '[a-z][a-z0-9_]*') THEN entries_value(c.entries, f.xk) END AS xv,
-        finding_values(f.metric, c.train_s_values, c.test_s_values, c.accuracy_values,
-                       c.throughput_values, c.epoch_s_values, c.rss_peak_mb_values,
-                       c.cpu_total_values, c.device_memory_peak_mb_values, c.tokens_per_second_values,
-                       c.perplexity_values) AS vals
+        CASE WHEN starts_with(f.metric, 'share:') THEN ls.vals
+             ELSE finding_values(f.metric, c.train_s_values, c.test_s_values, c.accuracy_values,
+                                 c.throughput_values, c.epoch_s_values, c.rss_peak_mb_values,
+                                 c.cpu_total_values, c.device_memory_peak_mb_values,
+                                 c.tokens_per_second_values, c.perplexity_values) END AS vals
     FROM f
     JOIN sc USING (study)
     JOIN cs AS c USING (cell_id)
+    LEFT JOIN layer_share_values AS ls
+           ON ls.cell_id = c.cell_id AND starts_with(f.metric, 'share:') AND ls.kind = f.metric[7:]
     WHERE f.check_kind <> 'largest_share' AND entries_match(c.entries, f.where_obj)
 ),
 configured AS (
@@ -333,20 +365,6 @@ bounded_rows AS (
             CASE WHEN metric = 'accuracy' THEN 'difference' ELSE 'ratio' END AS what
         FROM bpick
     ) AS p USING (study, finding, config)
-),
--- largest_share: per ok run with a layer profile, each kind's summed forward + backward time
-layer_runs AS (
-    SELECT cell_id, run_id, sum(t) AS total, max(t) AS top, arg_max(kind, t) AS top_kind,
-        list(struct_pack(kind := kind, t := t)) AS kinds
-    FROM (
-        SELECT r.cell_id, l.run_id, l.kind,
-            sum(coalesce(l.forward_seconds, 0) + coalesce(l.backward_seconds, 0)) AS t
-        FROM layers AS l
-        JOIN runs AS r USING (run_id)
-        WHERE r.status = 'ok' AND r."repeat" <> canary_repeat() AND r.cell_id IN (SELECT cell_id FROM registered)
-        GROUP BY r.cell_id, l.run_id, l.kind
-    )
-    GROUP BY cell_id, run_id
 ),
 shares AS (
     SELECT f.study, f.finding, f.kind, lr.cell_id, lr.total, lr.top, lr.top_kind,
