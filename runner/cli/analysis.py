@@ -1,7 +1,8 @@
-"""``matrun compare``, ``matrun advise`` and ``matrun explain``: reading conclusions out of the
-warehouse.
+"""``matrun compare``, ``matrun advise``, ``matrun history`` and ``matrun explain``: reading
+conclusions out of the warehouse.
 
 Thin wrappers over ``warehouse/compare.py`` (the comparison, its CSV and JSON),
+``warehouse/history.py`` (a workload across releases),
 ``reports/compare.py`` (its HTML page), ``warehouse/advise.py`` and ``warehouse/explain.py``
 (docs/MODEL.md); docs/CLI.md.  The report
 module is imported inside ``compare``, when ``--html`` asks for it: it loads Plotly.
@@ -22,6 +23,7 @@ from matrun.runner.cli.common import TableFormatOpt, WarehouseOpt, app, check_fo
 from matrun.warehouse import advise as adv
 from matrun.warehouse import compare as cmp
 from matrun.warehouse import explain as xpl
+from matrun.warehouse import history as hist
 from matrun.warehouse.compare import fmt_noisy, fmt_num, fmt_p, fmt_points, fmt_ratio, fmt_ratio_ci
 from matrun.warehouse.query import json_value
 
@@ -58,6 +60,50 @@ def compare(
         typer.echo(result.summary())
     if html is not None:
         typer.echo(f"html: {html.resolve()}", err=True)
+
+
+@command(app)
+def history(
+    warehouse: WarehouseOpt = None,
+    metric: Annotated[str, typer.Option(
+        "--metric", metavar="METRIC", help=f"One of {', '.join(hist.METRICS)}.")] = "throughput",
+    by: Annotated[str, typer.Option(
+        "--by", metavar="WHAT", help="release (the framework releases, in version order) or sweep (the sweeps in "
+        "the order they ran: drift over dates).")] = "release",
+    framework: Annotated[Optional[str], typer.Option(
+        "--framework", metavar="NAME", help="Only this framework's workloads.")] = None,
+    sweep: Annotated[Optional[str], typer.Option(
+        "--sweep", metavar="NAME", help="Only the workloads this sweep ran (their runs from every sweep).")] = None,
+    fmt: TableFormatOpt = "table",
+) -> None:
+    """A workload's metric across framework releases (or sweeps), each change tested against the one before."""
+    check_format(fmt, ("table", "csv", "json"))
+    result = hist.history(warehouse=resolve_warehouse(warehouse), metric=metric, by=by, framework=framework,
+                          sweep=sweep)
+    if fmt == "csv":
+        sys.stdout.write(hist.to_csv(result))
+        return
+    if fmt == "json":
+        sys.stdout.write(_valid_json(hist.to_json(result)))
+        return
+    if not result.points:
+        typer.echo(f"no ok run with a {metric} and a framework release: no history")
+        return
+    unit = hist.METRICS[metric].unit
+    for (_, _), points in result.workloads().items():
+        table = Table(title=f"{points[0]['label']}: {metric}{f' ({unit})' if unit else ''} by {by}")
+        for col in ("release" if by == "release" else "sweep", "runs", "median", "interval", "vs before",
+                    "p (Holm)", "verdict"):
+            table.add_column(col, overflow="fold")
+        for p in points:
+            table.add_row(p["point"], str(p["n"]), fmt_num(p["median"], 2),
+                          f"{fmt_num(p['ci_low'], 2)}–{fmt_num(p['ci_high'], 2)}" if p["ci_low"] is not None else "-",
+                          fmt_ratio_ci(p["ratio"], p["ratio_low"], p["ratio_high"], p["ratio_level"])
+                          if p["prev_point"] is not None else "-",
+                          fmt_p(p["p_adjusted"]) if p["prev_point"] is not None else "-", p["verdict"] or "-")
+        out.print(table)
+    for line in hist.sentences(result):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _valid_json(text: str) -> str:
@@ -165,7 +211,8 @@ def advise(
     for row in rows:
         out.print(row["advice"], markup=False, highlight=False, soft_wrap=True)
         out.print()
-    table = Table(title="best configuration against the default settings (throughput, img/s)")
+    table = Table(title="best configuration against the default settings (throughput: img/s, a language "
+                        "model's sequences/s)")
     for col in ("framework", "workload", "default cell", "best cell", "changes", "runs D/B",
                 "default", "best", "speedup", "acc Δ pts", "p", "test", "verdict"):
         table.add_column(col, overflow="fold")
