@@ -25,6 +25,7 @@ from matrun.reports.pages import check_replaceable, write_site
 from matrun.reports.shape import choose_run, mask_frame, monitor_runs
 from matrun.reports.site import INDEX, MAX_MONITOR_RUNS, render_site
 from matrun.warehouse.db import open_warehouse
+from matrun.warehouse.history import read_history
 
 MAX_MONITOR_POINTS = 500
 
@@ -84,6 +85,7 @@ def read_report_data(
         cell_levels=levels,
         images=reads.read_images(con, sweep),
         catalogue=reads.read_catalogue(con),
+        history=read_history(con, sweep=sweep),
     )
 
 

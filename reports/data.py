@@ -27,6 +27,8 @@ from typing import Any, Sequence
 import duckdb
 import polars as pl
 
+from matrun.warehouse.history import History
+
 _SWEEP_FILTER = "(CAST($sweep AS VARCHAR) IS NULL OR sweep = $sweep)"
 _RUNS_SWEEP_FILTER = "(CAST($sweep AS VARCHAR) IS NULL OR o.sweep = $sweep)"
 _THREADS_ORDER = "TRY_CAST(threads AS INTEGER) NULLS LAST, threads"
@@ -136,6 +138,9 @@ class ReportData:
     """Every image ``matrun build`` recorded, with how many of the report's runs used it."""
     catalogue: Catalogue = field(default_factory=lambda: Catalogue())
     """The studies registered in the warehouse, their findings and verdicts."""
+    history: History | None = None
+    """Every workload of the report's sweep(s) across framework releases (``matrun history``'s
+    throughput points); None when not read."""
 
     def study(self, name: str) -> pl.DataFrame:
         """The rows of one study view (an empty frame when it was not read)."""

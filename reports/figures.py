@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -252,3 +253,46 @@ def monitor_figure(
     fig = base_layout(fig, title=_monitor_title(selected_label), height=640)
     fig.update_layout(margin={"t": 150}, title={"y": 0.98, "yanchor": "top"})
     return fig
+
+
+# Markers of a release's verdict against the one before it (matrun history).
+_VERDICT_SYMBOL = {"faster": "triangle-up", "more accurate": "triangle-up", "better": "triangle-up",
+                   "slower": "triangle-down", "less accurate": "triangle-down", "worse": "triangle-down"}
+
+
+def release_figure(points: Sequence[Mapping[str, object]], *, framework: str, metric: str, unit: str) -> go.Figure:
+    """A framework's workloads across its releases (``matrun history``'s points, in order):
+    one line per workload, the median with its interval as error bars; a significant change
+    against the release before is a triangle (up: better, down: worse), the rest dots."""
+    title = f"{framework}: {metric} across releases (median, bars: its interval)"
+    if not points:
+        return empty_figure(title, "No workload of this framework has two releases yet.")
+    order: list[str] = []
+    for p in sorted(points, key=lambda p: _release_key(str(p["point"]))):
+        if p["point"] not in order:
+            order.append(str(p["point"]))
+    fig = go.Figure()
+    colors = cell_colors([str(p["label"]) for p in points])
+    for label in colors:
+        mine = [p for p in points if p["label"] == label]
+        median = [p["median"] for p in mine]
+        fig.add_trace(go.Scatter(
+            x=[plot_text(p["point"]) for p in mine], y=median, mode="lines+markers", name=plot_text(label),
+            line={"color": colors[label]},
+            marker={"size": 11, "symbol": [_VERDICT_SYMBOL.get(str(p["verdict"]), "circle") for p in mine]},
+            error_y={"type": "data", "symmetric": False, "thickness": 1.2, "width": 5,
+                     "array": [_gap(p["ci_high"], p["median"]) for p in mine],  # type: ignore[arg-type]
+                     "arrayminus": [_gap(p["median"], p["ci_low"]) for p in mine]},  # type: ignore[arg-type]
+            customdata=[[p["n"], plot_text(p["verdict"] or "first release")] for p in mine],
+            hovertemplate=(f"<b>{plot_text(label)}</b><br>%{{x}}: %{{y:,.2f}} {plot_text(unit)}<br>"
+                           "%{customdata[0]} runs · %{customdata[1]}<extra></extra>"),
+        ))
+    fig.update_xaxes(title_text="release", type="category", categoryorder="array",
+                     categoryarray=[plot_text(r) for r in order])
+    fig.update_yaxes(title_text=f"{metric} ({unit})" if unit else metric, rangemode="tozero")
+    return legend_below(fig, title)
+
+
+def _release_key(release: str) -> tuple:
+    """Versions in order: their numbers compared as numbers, then the text."""
+    return tuple(int(d) for d in re.findall(r"[0-9]+", release)), release

@@ -14,6 +14,7 @@ import polars as pl
 from matrun.reports.pages import Html, download_link, esc, join, table, tag
 from matrun.reports.shape import InForce, mismatch_list
 from matrun.warehouse.bundles.layout import STATUSES
+from matrun.warehouse.compare import fmt_p, fmt_ratio_ci
 
 # A throughput coefficient of variation above this marks the cell as noisy.
 NOISY_CV = 0.05
@@ -411,3 +412,23 @@ def empty_section(sweep: str | None) -> Html:
         tag("p", "Run a sweep (matrun sweep) or load result bundles (matrun ingest DIR), "
                  "then build this report again.", class_="lead"),
     ]), class_="empty", id="empty")
+
+
+def releases_table(points: Sequence[Mapping[str, Any]], *, csv_href: str | None = None) -> Html:
+    """``matrun history``'s points: per workload and release the runs, median, interval, the
+    change against the release before, Holm's adjusted p and the verdict."""
+    headers = ["framework", "workload", "release", "runs", "median", "interval", "vs before", "p (Holm)",
+               "verdict"]
+    rows = []
+    for p in points:
+        first = p["prev_point"] is None
+        rows.append([
+            p["framework"], p["label"], p["point"], num(fmt(p["n"])), num(fmt(p["median"], 2)),
+            num(f"{fmt(p['ci_low'], 2)}–{fmt(p['ci_high'], 2)}") if not is_missing(p["ci_low"]) else num("–"),
+            "–" if first else fmt_ratio_ci(p["ratio"], p["ratio_low"], p["ratio_high"], p["ratio_level"]),
+            "–" if first or p["p_adjusted"] is None else num(fmt_p(p["p_adjusted"])),
+            "first" if first else (p["verdict"] or "–"),
+        ])
+    parts: list[Any] = [download_link(csv_href)] if csv_href and rows else []
+    parts.append(tag("div", table(headers, rows, id="releases-table"), class_="scroll"))
+    return join(parts)

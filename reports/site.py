@@ -25,6 +25,7 @@ from matrun.reports import study_sections as ss
 from matrun.reports.data import BASELINE_FLAG_COLUMNS, ReportData, cut_to_cells
 from matrun.reports.pages import Html, csv_text, figure, join, render_page, tag
 from matrun.reports.sections import section
+from matrun.warehouse import history as hist
 from matrun.reports.shape import (
     InForce,
     cell_labels,
@@ -80,6 +81,9 @@ PAGES: tuple[PageSpec, ...] = (
              "Convolution algorithm, layout, precision and oneDNN against matrun's default."),
     PageSpec("pareto.html", "Pareto", "Training time against accuracy: the Pareto front",
              "Which cells are the best trade-offs between training time and accuracy."),
+    PageSpec("releases.html", "Releases", "Across framework releases",
+             "Each workload's throughput release by release, each change tested against the release "
+             "before (matrun history)."),
     PageSpec("provenance.html", "Provenance", "Provenance",
              "Hosts, images, versions and what was really in force, mismatches flagged."),
     PageSpec("runs.html", "Runs", "Runs and CPU / memory over time",
@@ -380,6 +384,38 @@ def _pareto(ctx: Context, frame: pl.DataFrame) -> list[Any]:
     return parts
 
 
+def _releases_page(ctx: Context) -> PageBody | None:
+    """The workloads measured at two or more releases (``matrun history``), a figure per
+    framework; no page while every workload has one release."""
+    result = ctx.report.history
+    if result is None:
+        return None
+    shown = [p for points in result.workloads().values() if len(points) > 1 for p in points]
+    if not shown:
+        return None
+    unit = hist.METRICS[result.metric].unit
+    frameworks = list(dict.fromkeys(p["framework"] for p in shown))
+    parts: list[Any] = [_note(ss.more_note(min(MAX_FIGURES, len(frameworks)), len(frameworks), "frameworks"))]
+    for i, fw in enumerate(frameworks[:MAX_FIGURES]):
+        parts.append(figure(figures.release_figure([p for p in shown if p["framework"] == fw], framework=fw,
+                                                   metric=result.metric, unit=unit), f"fig-releases-{i}"))
+    largest = hist.sentences(hist.History(result.metric, result.by, shown))
+    if largest:
+        parts.append(tag("ul", join(tag("li", line) for line in largest)))
+    parts.append(sections.releases_table(shown, csv_href="releases.csv"))
+    body = section(
+        "releases", "Across framework releases",
+        "Each workload (a cell without its release) at every framework release it was measured "
+        "at: the release a run asked for (version), else the one its probe found in force. Per "
+        "release the median throughput over its ok runs and the exact interval of the median; "
+        "against the release before, the ratio of medians with its Hodges–Lehmann interval and "
+        "the Mann–Whitney p, adjusted by Holm's method for the number of comparisons of the "
+        "workload. A triangle marks a significant change (up: faster, down: slower).",
+        *parts)
+    csv = {"releases.csv": hist.to_csv(hist.History(result.metric, result.by, shown))}
+    return PageBody(body, [], csv, len(shown))
+
+
 def _provenance_page(ctx: Context) -> PageBody | None:
     report = ctx.report
     if report.provenance.is_empty():
@@ -484,6 +520,7 @@ BUILDERS: dict[str, Callable[[Context], PageBody | None]] = {
                                 _LEADS["options"], _options),
     "pareto.html": _study_page("pareto_front", "pareto", "Training time against accuracy",
                                _LEADS["pareto"], _pareto),
+    "releases.html": _releases_page,
     "provenance.html": _provenance_page,
     "runs.html": _runs_page,
 }

@@ -177,3 +177,21 @@ def test_a_missing_warehouse_and_an_empty_one(tmp_path: Path):
     assert history(warehouse=empty).points == []
     res = CliRunner().invoke(app, ["history", "--warehouse", str(empty)])
     assert res.exit_code == 0 and "no history" in res.stdout
+
+
+def test_the_report_has_a_page_across_releases_with_a_figure_per_framework(warehouse: Path, tmp_path: Path):
+    from matrun.reports.build import build_report
+
+    index = build_report(warehouse=warehouse, out_dir=tmp_path / "report")
+    page = (index.parent / "releases.html").read_text()
+    assert 'id="fig-releases-0"' in page and 'id="fig-releases-1"' in page  # torch and tensorflow
+    assert "Across framework releases" in page and 'id="releases-table"' in page
+    assert "tensorflow: the largest change is tensorflow lenet5 fashion-mnist cpu threads=1: 2.16.1 → 2.21.0" in page
+    rows = list(csv.DictReader(io.StringIO((index.parent / "releases.csv").read_text())))
+    # the workloads with two releases or more: torch fashion-mnist (3), tensorflow (2), torch mnist (2);
+    # cifar10 was measured at one release only
+    assert len(rows) == 7 and [r["point"] for r in rows if "fashion" in r["label"] and r["framework"] == "torch"] \
+        == ["2.4.1", "2.9.0", "2.13.0"]
+    assert "releases.html" in index.read_text()  # in the site's navigation
+    one = build_report(warehouse=warehouse, out_dir=tmp_path / "one", sweep="d1")
+    assert not (one.parent / "releases.html").exists()  # cifar10: one release, no history

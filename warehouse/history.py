@@ -161,11 +161,30 @@ def history(*, warehouse: Path | str, metric: str = "throughput", by: str = "rel
     runs are read from every sweep).  Raises :class:`InputError` for an unknown metric, ``by``,
     framework or sweep, or a missing warehouse.  Reads only.
     """
+    _check(metric, by)
+    path = check_warehouse(warehouse)
+    with reader(path) as con:
+        if sweep is not None:
+            check_sweep(con, sweep, path)
+        if framework is not None:
+            have = [r["f"] for r in fetch(con, "SELECT DISTINCT params ->> 'framework' AS f FROM runs ORDER BY f")]
+            if framework not in have:
+                raise InputError(f"--framework: no run of {framework!r} in warehouse {path} "
+                                 f"(frameworks: {', '.join(f for f in have if f) or 'none'})")
+        return read_history(con, metric=metric, by=by, framework=framework, sweep=sweep)
+
+
+def _check(metric: str, by: str) -> None:
     if metric not in METRICS:
         raise InputError(f"--metric: expected one of {', '.join(METRICS)}, got {metric!r}")
     if by not in BY:
         raise InputError(f"--by: expected one of {', '.join(BY)}, got {by!r}")
-    path = check_warehouse(warehouse)
+
+
+def read_history(con: Any, *, metric: str = "throughput", by: str = "release", framework: str | None = None,
+                 sweep: str | None = None) -> History:
+    """``history`` over an open read-only connection (the report reads it so), no name checked."""
+    _check(metric, by)
     m = METRICS[metric]
     point = "release" if by == "release" else "sweep"
     order = _RELEASE_ORDER if by == "release" else "[epoch(first_started_at)]"
@@ -181,15 +200,7 @@ def history(*, warehouse: Path | str, metric: str = "throughput", by: str = "rel
         params["sweep"] = sweep
     sql = (_SQL.replace("{value}", m.sql).replace("{point}", point).replace("{order}", order)
            .replace("{filters}", " ".join(filters)))
-    with reader(path) as con:
-        if sweep is not None:
-            check_sweep(con, sweep, path)
-        if framework is not None:
-            have = [r["f"] for r in fetch(con, "SELECT DISTINCT params ->> 'framework' AS f FROM runs ORDER BY f")]
-            if framework not in have:
-                raise InputError(f"--framework: no run of {framework!r} in warehouse {path} "
-                                 f"(frameworks: {', '.join(f for f in have if f) or 'none'})")
-        rows = fetch(con, sql, params)
+    rows = fetch(con, sql, params)
     result = History(metric, by)
     by_workload: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
