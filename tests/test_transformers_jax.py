@@ -139,7 +139,8 @@ for name, shape, x, y in (
             summed[id(leaf)] = summed.get(id(leaf), 0) + grad
     leaves = jax.tree_util.tree_leaves(p)
     covered = sorted(summed) == sorted(id(a) for a in leaves)
-    grad = max(float(jnp.max(jnp.abs(summed.get(id(a), jnp.inf) - b))) for a, b in zip(leaves, jax.tree_util.tree_leaves(full)))
+    grad = max(float(jnp.max(jnp.abs(summed.get(id(a), jnp.inf) - b)))
+               for a, b in zip(leaves, jax.tree_util.tree_leaves(full)))
     diff = float(jnp.max(jnp.abs(net.apply({"params": p}, x, train=False) - outs[-1])))
     out[name] = [[u.name for u in units], diff, grad, covered]
 print(json.dumps(out))

@@ -257,7 +257,8 @@ class TransformerNetwork:
         return (logits, {}) if mutable else logits
 
 
-def unit_inputs(units: list[Unit], params: list[Any], x: Any, deltas: list[Any] | None = None) -> tuple[list[Any], list[Any]]:
+def unit_inputs(units: list[Unit], params: list[Any], x: Any,
+                deltas: list[Any] | None = None) -> tuple[list[Any], list[Any]]:
     """One connected forward pass through ``units`` (with ``params[i]`` for unit i): each
     unit's input and output on ``x``.  A block is ``r = r + attn(ln1(r))``, ``r = r + mlp(ln2(r))``.
     ``deltas``: added to each unit's output (zeros: the gradient of a loss with respect to
