@@ -196,7 +196,7 @@ def matrix(tmp_path: Path, body: str):
     ('model = "gpt-tiny"\ndataset = "fortunes"\nlayout = "nhwc"', "layout is an image layout"),
     ('model = "gpt-tiny"\ndataset = "fortunes"\nseq_len = 129', "seq_len gpt-tiny has 128 positions"),
     ('compile = "fast"', 'compile'),
-    ('framework = "tensorflow"\nmodel = "vit-tiny"\nlayer_profile = true', "transformer_layer_profile = true"),
+    ('framework = "mxnet"\nmodel = "vit-tiny"\nlayer_profile = true', "transformer_layer_profile = true"),
     ('framework = "jax"\nmodel = "gpt-tiny"\ndataset = "synthetic-text"\ncompile = "eager"', "no eager mode"),
     ('framework = "tensorflow"\nmodel = "gpt-tiny"\ndataset = "synthetic-text"\nattention = "fused"',
      "no fused scaled-dot-product kernel"),

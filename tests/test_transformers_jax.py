@@ -110,6 +110,74 @@ def test_fused_attention_and_a_vit_cell(jax_python, stage, tmp_path):
                                                                                classes=10)
 
 
+def test_the_units_chained_are_the_network(jax_python, stage):
+    """The layer profile's units on the network's own parameter subtrees: chained, the
+    network's logits; their VJPs on the upstream gradients, the network's gradients."""
+    found = in_jax(jax_python, stage, """
+from matrun.runner.harness.adapters import _jax_transformers as jt, jax as adapter
+adapter.configure(CONFIG)
+import json, jax, jax.numpy as jnp, optax
+out = {}
+for name, shape, x, y in (
+        ("gpt-tiny", (32,), jax.random.randint(jax.random.PRNGKey(1), (4, 32), 0, 256),
+         jax.random.randint(jax.random.PRNGKey(2), (4, 32), 0, 256)),
+        ("vit-tiny", (1, 28, 28), jax.random.normal(jax.random.PRNGKey(1), (4, 1, 28, 28)),
+         jax.random.randint(jax.random.PRNGKey(2), (4,), 0, 10))):
+    net = jt.TransformerNetwork(name, shape, 10, fused=False)
+    p = net.init(jax.random.PRNGKey(0))["params"]
+    xent = lambda logits: optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    full = jax.jit(jax.grad(lambda q: xent(net.apply({"params": q}, x, train=False))))(p)
+    units = net.transformer_units(p)
+    subs = [u.params for u in units]
+    ins, outs = jax.jit(lambda s: jt.unit_inputs(units, s, x))(subs)
+    up = jax.jit(jax.grad(lambda d: xent(jt.unit_inputs(units, subs, x, d)[1][-1])))([jnp.zeros_like(o) for o in outs])
+    # a unit's subtree holds the network's own arrays: sum the units' gradients per array
+    summed = {}
+    for i, u in enumerate(units):
+        g = jax.vjp(lambda q: u.apply(q, ins[i]), u.params)[1](up[i])[0]
+        for leaf, grad in zip(jax.tree_util.tree_leaves(u.params), jax.tree_util.tree_leaves(g)):
+            summed[id(leaf)] = summed.get(id(leaf), 0) + grad
+    leaves = jax.tree_util.tree_leaves(p)
+    covered = sorted(summed) == sorted(id(a) for a in leaves)
+    grad = max(float(jnp.max(jnp.abs(summed.get(id(a), jnp.inf) - b)))
+               for a, b in zip(leaves, jax.tree_util.tree_leaves(full)))
+    diff = float(jnp.max(jnp.abs(net.apply({"params": p}, x, train=False) - outs[-1])))
+    out[name] = [[u.name for u in units], diff, grad, covered]
+print(json.dumps(out))
+""")
+    for name, shape in (("gpt-tiny", {"seq_len": 32}), ("vit-tiny", {"shape": (1, 28, 28), "classes": 10})):
+        names, diff, grad, covered = found[name]
+        assert names == [u["name"] for u in models.transformer_walk(name, **shape)]
+        assert covered and diff < 1e-5 and grad < 1e-5, (name, diff, grad)
+
+
+def test_a_layer_profile_times_every_unit_under_its_group(jax_python, stage, tmp_path):
+    """layer_profile on a transformer: one layer record per unit of models.transformer_walk
+    (each compiled alone, backward its VJP on the real gradient), its group as the kind, the
+    parameters summing to the model's; a ViT's units too."""
+    proc, events = run(jax_python, stage, tmp_path / "gpt", seq_len=32, iterations=3, epochs=None,
+                       layer_profile=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    layers = [e for e in events if e["type"] == "layer"]
+    walked = list(models.transformer_walk("gpt-tiny", seq_len=32))
+    assert [(e["name"], e["kind"]) for e in layers] == [(u["name"], u["group"]) for u in walked]
+    assert sum(e["params"] for e in layers) == models.transformer_param_count("gpt-tiny")
+    assert [e["flops"] for e in layers] == [u["flops"] for u in walked]
+    assert all(e["forward_seconds"] > 0 and e["backward_seconds"] > 0 for e in layers)
+    assert any("each unit was compiled and timed as its own XLA program" in n for n in one(events, "summary")["notes"])
+
+    proc, events = run(jax_python, stage, tmp_path / "vit", model="vit-tiny", dataset="synthetic",
+                       synthetic_shape=[1, 28, 28], synthetic_classes=10, synthetic_vocab=None, seq_len=None,
+                       synthetic_train=64, iterations=2, epochs=None, layer_profile=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    layers = [e for e in events if e["type"] == "layer"]
+    walked = list(models.transformer_walk("vit-tiny", shape=(1, 28, 28), classes=10))
+    assert [(e["name"], e["kind"], e["flops"]) for e in layers] == [(u["name"], u["group"], u["flops"]) for u in walked]
+    assert sum(e["params"] for e in layers) == models.transformer_param_count("vit-tiny", shape=(1, 28, 28),
+                                                                             classes=10)
+    assert all(e["forward_seconds"] > 0 and e["backward_seconds"] > 0 for e in layers)
+
+
 def test_eager_is_refused_with_the_reason(jax_python, stage, tmp_path):
     proc, _ = run(jax_python, stage, tmp_path / "run", compile="eager")
     assert proc.returncode == 2 and "no eager mode" in proc.stderr and "Traceback" not in proc.stderr

@@ -88,6 +88,75 @@ def test_a_vit_cell_trains_on_images(tf_python, stage, tmp_path):
                                                                                classes=10)
 
 
+def test_the_units_chained_are_the_network(tf_python, stage):
+    """The layer profile's units over the network's own layers: chained, the network's logits;
+    their backward passes on the upstream gradients, the network's gradients."""
+    found = in_tf(tf_python, stage, """
+import json
+import keras, tensorflow as tf
+from matrun.runner.harness.adapters import _tf_transformers as tt, tensorflow as adapter
+adapter.tf = tf
+keras.utils.set_random_seed(0)
+out = {}
+for name, shape, x, y in (("gpt-tiny", (32,), tf.random.uniform((4, 32), 0, 256, tf.int32),
+                           tf.random.uniform((4, 32), 0, 256, tf.int64)),
+                          ("vit-tiny", (1, 28, 28), tf.random.normal((4, 1, 28, 28)),
+                           tf.random.uniform((4,), 0, 10, tf.int64))):
+    net = tt.build(name, shape, 10, None)
+    xent = lambda logits: tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+    with tf.GradientTape() as tape:
+        logits = net(x)
+        loss = xent(logits)
+    full = dict(zip((v.path for v in net.trainable_variables), tape.gradient(loss, net.trainable_variables)))
+    units = tt.units(net)
+    with tf.GradientTape() as tape:
+        ins, outs = tt.unit_inputs(units, x)
+        loss = xent(outs[-1])
+    up = tape.gradient(loss, outs)
+    summed = {}
+    for i, u in enumerate(units):
+        with tf.GradientTape() as tape:
+            o = u(ins[i])
+        for v, g in zip(u.trainable_variables, tape.gradient(o, u.trainable_variables, output_gradients=up[i])):
+            summed[v.path] = summed.get(v.path, 0) + tf.convert_to_tensor(g)
+    grad = max(float(tf.reduce_max(tf.abs(summed[k] - tf.convert_to_tensor(full[k])))) for k in full if k in summed)
+    out[name] = [[u.name for u in units], float(tf.reduce_max(tf.abs(logits - outs[-1]))), grad,
+                 sorted(summed) == sorted(full)]
+print(json.dumps(out))
+""")
+    for name, shape in (("gpt-tiny", {"seq_len": 32}), ("vit-tiny", {"shape": (1, 28, 28), "classes": 10})):
+        names, diff, grad, covered = found[name]
+        assert names == [u["name"] for u in models.transformer_walk(name, **shape)]
+        assert covered and diff < 1e-5 and grad < 1e-5, (name, diff, grad)
+
+
+def test_a_layer_profile_times_every_unit_under_its_group(tf_python, stage, tmp_path):
+    """layer_profile on a transformer: one layer record per unit of models.transformer_walk
+    (forward a tf.function on its real input, backward the tape's gradient given the real
+    upstream gradient), its group as the kind, the parameters summing to the model's; a ViT's
+    units too."""
+    proc, events = run(tf_python, stage, tmp_path / "gpt", seq_len=32, iterations=3, epochs=None,
+                       layer_profile=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    layers = [e for e in events if e["type"] == "layer"]
+    walked = list(models.transformer_walk("gpt-tiny", seq_len=32))
+    assert [(e["name"], e["kind"]) for e in layers] == [(u["name"], u["group"]) for u in walked]
+    assert sum(e["params"] for e in layers) == models.transformer_param_count("gpt-tiny")
+    assert [e["flops"] for e in layers] == [u["flops"] for u in walked]
+    assert all(e["forward_seconds"] > 0 and e["backward_seconds"] > 0 for e in layers)
+
+    proc, events = run(tf_python, stage, tmp_path / "vit", model="vit-tiny", dataset="synthetic",
+                       synthetic_shape=[1, 28, 28], synthetic_classes=10, synthetic_vocab=None, seq_len=None,
+                       synthetic_train=64, iterations=2, epochs=None, layer_profile=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    layers = [e for e in events if e["type"] == "layer"]
+    walked = list(models.transformer_walk("vit-tiny", shape=(1, 28, 28), classes=10))
+    assert [(e["name"], e["kind"], e["flops"]) for e in layers] == [(u["name"], u["group"], u["flops"]) for u in walked]
+    assert sum(e["params"] for e in layers) == models.transformer_param_count("vit-tiny", shape=(1, 28, 28),
+                                                                             classes=10)
+    assert all(e["forward_seconds"] > 0 and e["backward_seconds"] > 0 for e in layers)
+
+
 def test_fused_attention_is_refused_with_the_reason(tf_python, stage, tmp_path):
     proc, _ = run(tf_python, stage, tmp_path / "run", attention="fused")
     assert proc.returncode == 2 and "no fused scaled-dot-product kernel" in proc.stderr

@@ -13,7 +13,7 @@ only), so ``fused`` is refused (``tensorflow.check`` and framework.toml).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 from ..models import INIT_STD, LN_EPSILON, TRANSFORMERS, vit_patches
 
@@ -65,7 +65,30 @@ def _classes() -> dict[str, Any]:
 
         def call(self, x: Any) -> Any:
             x = x + self.attn(self.ln1(x))
-            return x + self.out(keras.activations.gelu(self.fc(self.ln2(x)), approximate=False))
+            return x + mlp(self, self.ln2(x))
+
+    # The pieces the networks and their units (the layer profile's) share: functions of a
+    # built block / model and an input, so a unit computes exactly what the network does.
+    def mlp(block: Any, x: Any) -> Any:
+        return block.out(keras.activations.gelu(block.fc(x), approximate=False))
+
+    def embed_tokens(gpt: Any, idx: Any) -> Any:
+        return gpt.tok(idx) + gpt.pos(tf.range(tf.shape(idx)[1]))[None]
+
+    def tied_head(gpt: Any, h: Any) -> Any:
+        return tf.matmul(h, tf.cast(gpt.tok.embeddings, h.dtype), transpose_b=True)
+
+    def embed_patches(vit: Any, x: Any) -> Any:
+        if vit.channels_first:
+            x = tf.transpose(x, (0, 2, 3, 1))
+        h = vit.patch(x)
+        b = tf.shape(h)[0]
+        h = tf.reshape(h, (b, -1, vit.t.width))
+        cls = tf.cast(tf.broadcast_to(vit.cls, (b, 1, vit.t.width)), h.dtype)
+        return tf.concat([cls, h], axis=1) + tf.cast(vit.pos, h.dtype)
+
+    def class_head(vit: Any, h: Any) -> Any:
+        return vit.head(h[:, 0])
 
     class GPT(keras.Model):
         def __init__(self, model: str, **kw: Any) -> None:
@@ -77,11 +100,10 @@ def _classes() -> dict[str, Any]:
             self.ln_f = layer_norm("ln_f")
 
         def call(self, idx: Any, training: bool = False) -> Any:
-            h = self.tok(idx) + self.pos(tf.range(tf.shape(idx)[1]))[None]
+            h = embed_tokens(self, idx)
             for block in self.blocks:
                 h = block(h)
-            h = self.ln_f(h)
-            return tf.matmul(h, tf.cast(self.tok.embeddings, h.dtype), transpose_b=True)  # the tied head
+            return tied_head(self, self.ln_f(h))
 
     class ViT(keras.Model):
         def __init__(self, model: str, shape: tuple[int, int, int], classes: int, channels_first: bool,
@@ -100,18 +122,13 @@ def _classes() -> dict[str, Any]:
             self.head = dense(classes, "head")
 
         def call(self, x: Any, training: bool = False) -> Any:
-            if self.channels_first:
-                x = tf.transpose(x, (0, 2, 3, 1))
-            h = self.patch(x)
-            b = tf.shape(h)[0]
-            h = tf.reshape(h, (b, -1, self.t.width))
-            cls = tf.cast(tf.broadcast_to(self.cls, (b, 1, self.t.width)), h.dtype)
-            h = tf.concat([cls, h], axis=1) + tf.cast(self.pos, h.dtype)
+            h = embed_patches(self, x)
             for block in self.blocks:
                 h = block(h)
-            return self.head(self.ln_f(h)[:, 0])
+            return class_head(self, self.ln_f(h))
 
-    _CLASSES.update(GPT=GPT, ViT=ViT)
+    _CLASSES.update(GPT=GPT, ViT=ViT, mlp=mlp, embed_tokens=embed_tokens, tied_head=tied_head,
+                    embed_patches=embed_patches, class_head=class_head)
     return _CLASSES
 
 
@@ -130,3 +147,64 @@ def build(model: str, shape: tuple[int, ...], classes: int, layout: str | None) 
     c, h, w = shape
     net(tf.zeros((2, c, h, w) if channels_first else (2, h, w, c), tf.float32))
     return net
+
+
+class Unit:
+    """One unit of the layer profile: ``fn(x)`` through layers of the built network, with the
+    trainable variables it reads (``_layer_op`` calls ``unit(x, training=…)`` and differentiates
+    with respect to ``trainable_variables``).  ``reads``: "residual" (a LayerNorm reads the
+    residual stream) or "previous" (the output of the unit before); ``adds``: its output is
+    added to the residual stream (attention, MLP) rather than replacing it."""
+
+    def __init__(self, name: str, fn: Callable[[Any], Any], variables: Callable[[], list[Any]], *,
+                 reads: str = "previous", adds: bool = False) -> None:
+        self.name, self.fn, self._variables, self.reads, self.adds = name, fn, variables, reads, adds
+
+    def __call__(self, x: Any, training: bool = False) -> Any:
+        return self.fn(x)
+
+    @property
+    def trainable_variables(self) -> list[Any]:
+        return list(self._variables())
+
+
+def units(net: Any) -> list[Unit]:
+    """The built transformer's units in ``models.transformer_walk`` order."""
+    cls = _classes()
+    gpt = isinstance(net, cls["GPT"])
+    weights = lambda *layers: (lambda: [v for layer in layers for v in layer.trainable_variables])  # noqa: E731
+    if gpt:
+        out = [Unit("embed", lambda x: cls["embed_tokens"](net, x), weights(net.tok, net.pos))]
+    else:
+        out = [Unit("embed", lambda x: cls["embed_patches"](net, x),
+                    lambda: [*net.patch.trainable_variables, net.cls, net.pos])]
+    for i, block in enumerate(net.blocks):
+        out += [Unit(f"block{i}_ln1", block.ln1, weights(block.ln1), reads="residual"),
+                Unit(f"block{i}_attn", block.attn, weights(block.attn), adds=True),
+                Unit(f"block{i}_ln2", block.ln2, weights(block.ln2), reads="residual"),
+                Unit(f"block{i}_mlp", lambda x, b=block: cls["mlp"](b, x), weights(block.fc, block.out), adds=True)]
+    out.append(Unit("ln_f", net.ln_f, weights(net.ln_f), reads="residual"))
+    if gpt:
+        out.append(Unit("head", lambda h: cls["tied_head"](net, h), lambda: [net.tok.embeddings]))
+    else:
+        out.append(Unit("head", lambda h: cls["class_head"](net, h), weights(net.head)))
+    return out
+
+
+def unit_inputs(listed: list[Unit], x: Any) -> tuple[list[Any], list[Any]]:
+    """One connected forward pass through ``units(net)``: each unit's input and output on ``x``.
+    A block is ``r = r + attn(ln1(r))``, ``r = r + mlp(ln2(r))``."""
+    inputs, outputs = [], []
+    h = residual = x
+    for i, unit in enumerate(listed):
+        inp = residual if unit.reads == "residual" else h
+        out = unit(inp)
+        inputs.append(inp)
+        outputs.append(out)
+        if unit.adds:
+            residual = h = residual + out
+        elif i == 0:  # the embedding starts the residual stream
+            residual = h = out
+        else:
+            h = out
+    return inputs, outputs

@@ -112,8 +112,6 @@ def check(params: dict[str, Any]) -> str | None:
     if setting(params, "compile") == "eager":
         return ("[params -> compile] JAX compiles every step with XLA (jax.jit): it has no eager mode that "
                 "matrun measures; leave compile out (or \"compiled\")")
-    if is_transformer(model) and params["layer_profile"]:
-        return "[params -> layer_profile] the jax adapter does not time a transformer's units (yet)"
     if is_transformer(model) and (distributed.multi_process(params) or (params["gpus"] or 1) > 1):
         return ("[params -> model] the jax transformers run on one device in one process here (their "
                 "sharded step is not written yet): use workers = 1, gpus = 1")
@@ -409,6 +407,8 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
     to the real upstream gradient.  The sum of these times is not the fused step's time; the
     summary says so."""
     trained: Trained = model
+    if is_transformer(params["model"]):
+        return _transformer_layer_ops(params, dataset, trained)
     net, place = trained.net, trained.place
     training = params["mode"] != "inference"
     split = dataset.train if training else dataset.test
@@ -448,6 +448,41 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
         "step is one fused program, so the layers' times do not add up to the step's"])
 
 
+def _transformer_layer_ops(params: dict[str, Any], dataset: Dataset, trained: Trained) -> LayerOps:
+    """A transformer's units (``_jax_transformers.TransformerNetwork.transformer_units``) on one
+    real batch, each its own jitted program as ``layer_ops`` does for a CNN's layers: forward
+    on the unit's real input, backward as its VJP applied to the real gradient of the loss with
+    respect to its output (the residual additions between units are not timed).  The first
+    unit (the embedding) takes no input gradient: token ids have none, and torch's profile
+    leaves the images' out too."""
+    net, place = trained.net, trained.place
+    training = params["mode"] != "inference"
+    split = dataset.train if training else dataset.test
+    x, y = arrays(split.head(params["batch_size"]), dataset.shape, params["layout"])
+    device = place.devices[0]
+    dtype = compute_dtype(params["precision"])
+    state = trained.state if not isinstance(trained.state, Sharded) else trained.state.local()
+    weights = jax.device_put(_cast(state.params, dtype), device)
+    x, y = jax.device_put(_input(net, x, dtype), device), jax.device_put(y, device)
+    units = net.transformer_units(weights)
+    subtrees = [unit.params for unit in units]
+    inputs, outputs = jax.jit(lambda p, xin: transformers.unit_inputs(units, p, xin))(subtrees, x)
+    upstream: list[Any] = [None] * len(units)
+    if training:
+        def loss(deltas: list[Any], p: list[Any], xin: Any, target: Any) -> Any:
+            logits = transformers.unit_inputs(units, p, xin, deltas)[1][-1].astype(jnp.float32)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, target).mean()
+
+        # d loss / d (a zero added to each output) is d loss / d output, all in one pass
+        upstream = jax.jit(jax.grad(loss))([jnp.zeros_like(o) for o in outputs], subtrees, x, y)
+    ops = [_fn_op(unit.apply, unit.params, inputs[i], upstream[i], first=i == 0, training=training)
+           for i, unit in enumerate(units)]
+    return LayerOps(ops=ops, images=int(x.shape[0]), notes=[
+        "layer profile (jax): each unit was compiled and timed as its own XLA program (unfused), the residual "
+        "additions between them untimed; the training step is one fused program, so the units' times do not "
+        "add up to the step's"])
+
+
 def _unit_apply(unit: Any, variables: Any, x: Any, training: bool, rng: Any) -> Any:
     """One unit's output (training: dropout on, BatchNorm on the batch's statistics)."""
     if not training:
@@ -464,6 +499,14 @@ def _layer_op(unit: Any, sub: Any, inp: Any, grad: Any, *, first: bool, training
     def apply(p: Any, x: Any) -> Any:
         return _unit_apply(unit, {"params": p, **rest}, x, training, rng)
 
+    return _fn_op(apply, params, inp, grad, first=first, training=training)
+
+
+def _fn_op(apply: Callable[[Any, Any], Any], params: Any, inp: Any, grad: Any, *, first: bool,
+           training: bool) -> LayerOp:
+    """``apply(params, inp)`` as its own jitted program (compiled here, before any timing);
+    backward: its VJP (residuals computed once, untimed) applied to ``grad``, jitted too —
+    with respect to ``params`` and, unless ``first``, the input."""
     forward_jit = jax.jit(apply)
     forward_jit.lower(params, inp).compile()
 

@@ -85,8 +85,6 @@ def check(params: dict[str, Any]) -> str | None:
     """What TensorFlow cannot run (the host refuses the same through framework.toml)."""
     model = params["model"]
     if is_transformer(model):
-        if params["layer_profile"]:
-            return "[params -> layer_profile] the tensorflow adapter does not time a transformer's units (yet)"
         if setting(params, "attention") == "fused":
             return ("[params -> attention] TensorFlow has no fused scaled-dot-product kernel of its own (Keras 3's "
                     "flash path runs on the JAX and PyTorch back ends only): use attention = \"explicit\"")
@@ -320,6 +318,8 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
     backward as ``GradientTape.gradient`` of a persistent tape (recorded once) with the real
     upstream gradient, for the layer's input (not the first layer's) and its weights."""
     net: Network = model
+    if is_transformer(params["model"]):
+        return _transformer_layer_ops(params, dataset, net)
     training = params["mode"] != "inference"
     split = dataset.train if training else dataset.test
     gpu = params["device"] == "gpu"  # one device: the layers alone, without the strategy
@@ -339,6 +339,29 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
         skip_first = setting(params, "first_layer_backward") == "skip"
         ops = [_layer_op(unit, tf.identity(inputs[i]), upstream[i], first=i == 0 and skip_first, training=training)
                for i, unit in enumerate(net.units)]
+    return LayerOps(ops=ops, images=int(x.shape[0]), sync=placement.sync)
+
+
+def _transformer_layer_ops(params: dict[str, Any], dataset: Dataset, net: Network) -> LayerOps:
+    """A transformer's units (``_tf_transformers.units``) on one real batch, as ``layer_ops``
+    times a CNN's layers: forward on the unit's real input (one connected pass through the
+    units), backward given the real gradient of the loss with respect to the unit's output (the
+    residual additions between units are not timed; the embedding takes no input gradient)."""
+    training = params["mode"] != "inference"
+    split = dataset.train if training else dataset.test
+    gpu = params["device"] == "gpu"
+    placement = Placement("/GPU:0" if gpu else "/CPU:0", None, 1 if gpu else 0)
+    with placement.scope():
+        x, y = tensors(split.head(params["batch_size"]), dataset.shape, params["layout"])
+        listed = transformers.units(net.model)
+        with tf.GradientTape() as tape:
+            inputs, outputs = transformers.unit_inputs(listed, x)
+            logits = tf.cast(outputs[-1], tf.float32)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        upstream = tape.gradient(loss, outputs) if training else [None] * len(outputs)
+        del tape
+        ops = [_layer_op(unit, tf.identity(inputs[i]), upstream[i], first=i == 0, training=training)
+               for i, unit in enumerate(listed)]
     return LayerOps(ops=ops, images=int(x.shape[0]), sync=placement.sync)
 
 
@@ -529,8 +552,8 @@ def trainable_parameters(model: Any) -> int:
 
 
 def _net(params: dict[str, Any], dataset: Dataset) -> Network:
-    """The cell's network: a CNN of the zoo, or a transformer (``_tf_transformers``; no units:
-    the layer profile does not time transformers)."""
+    """The cell's network: a CNN of the zoo, or a transformer (``_tf_transformers``; its units
+    for the layer profile: ``_tf_transformers.units``)."""
     if is_transformer(params["model"]):
         try:
             return Network(transformers.build(params["model"], dataset.shape, dataset.classes, params["layout"]), [])
@@ -885,7 +908,8 @@ def _layer_op(unit: Any, x: Any, upstream: Any, *, first: bool, training: bool) 
     if not training:
         return LayerOp(forward=forward)
     with tf.GradientTape(persistent=True) as tape:
-        tape.watch(x)
+        if not first:  # (token ids, the first unit's input, are integers: nothing to watch)
+            tape.watch(x)
         y = unit(x, training=True)
     sources = ([] if first else [x]) + list(unit.trainable_variables)
     if not sources:  # nothing to differentiate (the first layer without weights): nothing to time
