@@ -877,10 +877,12 @@ def make_optimizer(params: dict[str, Any]) -> Any:
 def init_state(net: Network, params: dict[str, Any], shape: tuple[int, int, int], place: Placement) -> State:
     _register_state()
     variables = net.init(jax.random.PRNGKey(params["seed"]))
-    tx = make_optimizer(params)
     scale = ((jnp.asarray(LOSS_SCALE, jnp.float32), jnp.asarray(0, jnp.int32))
              if params["precision"] == "fp16" else None)
-    opt_state = jax.jit(tx.init)(variables["params"])  # one compilation, not one per parameter
+    if params["mode"] == "inference":  # no optimizer: the host leaves it null for inference cells
+        opt_state: Any = ()
+    else:
+        opt_state = jax.jit(make_optimizer(params).init)(variables["params"])  # one compilation, not one per parameter
     state = State(variables["params"], variables.get("batch_stats", {}), opt_state, scale)
     return jax.device_put(state, place.devices[0]) if not place.sharded else state
 
