@@ -400,3 +400,22 @@ def test_a_share_metric_names_a_layer_kind(metric):
         {"id": "f", "claim": "c", "cite": "ours", "check": "trend", "x": "seq_len", "metric": metric,
          "expect": "increases"}]}, lambda where, message: errors.append((where, message)))
     assert errors and "share:<layer kind>" in errors[0][1]
+
+
+def test_the_studys_gpu_profile_plans_gpt2_small_on_each_frameworks_cuda_build():
+    """The gpu profile (no GPU here: planned, not run): GPT-2 small × compile × attention ×
+    precision on one GPU, MXNet in fp32 only; the two layer-profile cells stay on the CPU."""
+    from collections import Counter
+
+    root = Path(__file__).resolve().parents[1] / "studies" / "transformers.toml"
+    gpu, quick = load_matrix(root, profile="gpu"), load_matrix(root, profile="quick")
+    on_gpu = [c.values for c in gpu.cells if c.values["device"] == "gpu"]
+    assert len(on_gpu) == 18 and {v["model"] for v in on_gpu} == {"gpt2-small"}
+    assert Counter((v["framework"], v["variant"]) for v in on_gpu) == {
+        ("torch", "cuda"): 8, ("tensorflow", "cuda"): 4, ("jax", "cuda"): 4, ("mxnet", "cu117"): 2}
+    assert {v["precision"] for v in on_gpu if v["framework"] == "mxnet"} == {"fp32"}
+    assert all(v["seq_len"] == 1024 and v["synthetic_vocab"] == 50257 and v["gpus"] == 1 for v in on_gpu)
+    on_cpu = [c.values for c in gpu.cells if c.values["device"] == "cpu"]
+    assert sorted((v["model"], v["framework"], v["variant"], v["seq_len"], v["layer_profile"]) for v in on_cpu) == [
+        ("gpt-tiny", "torch", "cpu", 16, True), ("gpt-tiny", "torch", "cpu", 128, True)]
+    assert len(quick.cells) == 12 and all(c.values["device"] == "cpu" for c in quick.cells)
