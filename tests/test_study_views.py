@@ -48,7 +48,7 @@ CONTRACT = {
     "cell_stats": "cell_id, sweeps, env_id, framework, variant, blas, device, mode, model, dataset, "
                   "threads, interop_threads, batch_size, epochs, iterations, optimizer, lr, onednn, "
                   "layout, precision, conv_algo, gpus, nodes, workers, scaling, global_batch, "
-                  "preset, cpuset, seed, params, "
+                  "preset, cpuset, seed, seq_len, params, "
                   "runs, failed_runs, timeout_runs, oom_runs, diverged_runs, mismatch_runs, busy_set_aside, design_level, "
                   "train_s_n, train_s_median, train_s_ci_low, train_s_ci_high, train_s_ci_level, "
                   "train_s_cv, train_s_noisy, train_s_values, "
@@ -60,7 +60,8 @@ CONTRACT = {
                   "throughput_ci_level, throughput_cv, throughput_noisy, throughput_values, "
                   "epoch_s_median, inference_s_median, onednn_primitives, cpu_user_median, "
                   "cpu_system_median, iowait_median, cpu_total_median, rss_avg_mb, rss_peak_mb, "
-                  "device_memory_peak_mb, exchange_s_median, exchange_fraction_median",
+                  "device_memory_peak_mb, exchange_s_median, exchange_fraction_median, "
+                  "tokens_per_second_median, perplexity_median",
     "default_cells": "framework, model, dataset, device, mode, cell_id, candidates, note, preset, "
                      "threads, batch_size, epochs, optimizer, lr, runs, train_s_median, "
                      "train_s_ci_low, train_s_ci_high, test_s_median, accuracy_median, "

@@ -51,7 +51,8 @@ CONTRACT = {
                     "epochs_run, stopped_early, best_epoch, gpu_util_avg, gpu_mem_used_peak_bytes, "
                     "gpu_power_avg_w, gpu_energy_j, cpu_energy_j, images, gpu_j_per_image, cpu_j_per_image, "
                     "j_per_image, gpu_throttled, gpu_throttle_reasons, busy_start, busy_reasons, compile, attention, "
-                    "seq_len, tokens_per_second, test_loss, perplexity, compile_seconds, attention_kernel",
+                    "seq_len, tokens_per_second, test_loss, perplexity, compile_seconds, compiles_in_steps, compile_cache, "
+                    "attention_kernel",
     "cell_status": "cell_id, repeat, attempts, max_attempt, last_status, ok",
     "cell_durations": "cell_id, runs, wall_seconds_median",
     "baseline": "sweep, cell_id, framework, variant, model, dataset, threads, batch_size, epochs, "
@@ -59,7 +60,8 @@ CONTRACT = {
                 "accuracy_min, accuracy_max, throughput_median, throughput_min, throughput_max, "
                 "throughput_cv, cpu_total_median, cpu_user_median, cpu_system_median, "
                 "iowait_median, rss_avg_mb, rss_peak_mb, mismatch_runs, throttled_runs, busy_runs, "
-                "j_per_image_median, gpu_mem_peak_mb",
+                "j_per_image_median, gpu_mem_peak_mb, tokens_per_second_median, perplexity_median, "
+                "perplexity_min, perplexity_max",
     "epoch_curve": "sweep, cell_id, framework, model, dataset, threads, batch_size, epoch, runs, "
                    "train_loss_median, train_accuracy_median, test_accuracy_median, "
                    "test_accuracy_min, test_accuracy_max, epoch_seconds_median, "
@@ -141,6 +143,8 @@ def test_baseline_over_ok_runs(study: Path) -> None:
         "cpu_total_median": 140.0, "cpu_user_median": 120.0, "cpu_system_median": 20.0,
         "iowait_median": 2.0, "rss_avg_mb": 200.0, "rss_peak_mb": 400.0, "mismatch_runs": 1,
         "throttled_runs": 0, "busy_runs": 0, "j_per_image_median": None, "gpu_mem_peak_mb": None,
+        # a language model's (docs/TRANSFORMERS.md): none for a CNN
+        "tokens_per_second_median": None, "perplexity_median": None, "perplexity_min": None, "perplexity_max": None,
     }
     assert cv == pytest.approx(0.881917, abs=1e-6)
     b = rows[1]
@@ -205,7 +209,8 @@ def test_run_overview_rows(study: Path) -> None:
         "cpu_energy_j": None, "images": None, "gpu_j_per_image": None, "cpu_j_per_image": None, "j_per_image": None,
         "gpu_throttled": None, "gpu_throttle_reasons": None, "busy_start": None, "busy_reasons": None,
         "compile": None, "attention": None, "seq_len": None, "tokens_per_second": None, "test_loss": None,
-        "perplexity": None, "compile_seconds": None, "attention_kernel": None,
+        "perplexity": None, "compile_seconds": None, "compiles_in_steps": None, "compile_cache": None,
+        "attention_kernel": None,
     }
     assert rows[f"{A}/1-1"]["mismatches"] == ["threads: asked 2, in force 1"]
     failed = rows[f"{C}/0-1"]

@@ -879,7 +879,7 @@ def init_state(net: Network, params: dict[str, Any], shape: tuple[int, int, int]
     variables = net.init(jax.random.PRNGKey(params["seed"]))
     scale = ((jnp.asarray(LOSS_SCALE, jnp.float32), jnp.asarray(0, jnp.int32))
              if params["precision"] == "fp16" else None)
-    if params["mode"] == "inference":  # no optimizer: the host leaves it null for inference cells
+    if params.get("mode") == "inference":  # no optimizer: the host leaves it null for inference cells
         opt_state: Any = ()
     else:
         opt_state = jax.jit(make_optimizer(params).init)(variables["params"])  # one compilation, not one per parameter
