@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from matrun.runner.harness import models
-from transformer_cells import in_env, one, run_cell
+from transformer_cells import assert_layer_profile, in_env, one, run_cell
 
 pytestmark = pytest.mark.slow
 
@@ -158,24 +158,14 @@ def test_a_layer_profile_times_every_unit_under_its_group(jax_python, stage, tmp
     proc, events = run(jax_python, stage, tmp_path / "gpt", seq_len=32, iterations=3, epochs=None,
                        layer_profile=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    layers = [e for e in events if e["type"] == "layer"]
-    walked = list(models.transformer_walk("gpt-tiny", seq_len=32))
-    assert [(e["name"], e["kind"]) for e in layers] == [(u["name"], u["group"]) for u in walked]
-    assert sum(e["params"] for e in layers) == models.transformer_param_count("gpt-tiny")
-    assert [e["flops"] for e in layers] == [u["flops"] for u in walked]
-    assert all(e["forward_seconds"] > 0 and e["backward_seconds"] > 0 for e in layers)
+    assert_layer_profile(events, "gpt-tiny", seq_len=32)
     assert any("each unit was compiled and timed as its own XLA program" in n for n in one(events, "summary")["notes"])
 
     proc, events = run(jax_python, stage, tmp_path / "vit", model="vit-tiny", dataset="synthetic",
                        synthetic_shape=[1, 28, 28], synthetic_classes=10, synthetic_vocab=None, seq_len=None,
                        synthetic_train=64, iterations=2, epochs=None, layer_profile=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    layers = [e for e in events if e["type"] == "layer"]
-    walked = list(models.transformer_walk("vit-tiny", shape=(1, 28, 28), classes=10))
-    assert [(e["name"], e["kind"], e["flops"]) for e in layers] == [(u["name"], u["group"], u["flops"]) for u in walked]
-    assert sum(e["params"] for e in layers) == models.transformer_param_count("vit-tiny", shape=(1, 28, 28),
-                                                                             classes=10)
-    assert all(e["forward_seconds"] > 0 and e["backward_seconds"] > 0 for e in layers)
+    assert_layer_profile(events, "vit-tiny", shape=(1, 28, 28), classes=10)
 
 
 def test_eager_is_refused_with_the_reason(jax_python, stage, tmp_path):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from matrun.runner.harness import models
-from transformer_cells import in_env, one, run_cell
+from transformer_cells import assert_layer_profile, in_env, one, run_cell
 
 pytestmark = pytest.mark.slow
 
@@ -166,12 +166,7 @@ def test_a_layer_profile_times_every_unit_under_its_group(torch_python, stage, t
     proc, events = run(torch_python, stage, tmp_path / "run", seq_len=32, iterations=3, epochs=None,
                        layer_profile=True, attention="explicit")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    layers = [e for e in events if e["type"] == "layer"]
-    walked = list(models.transformer_walk("gpt-tiny", seq_len=32))
-    assert [(e["name"], e["kind"]) for e in layers] == [(u["name"], u["group"]) for u in walked]
-    assert sum(e["params"] for e in layers) == models.transformer_param_count("gpt-tiny")
-    assert [e["flops"] for e in layers] == [u["flops"] for u in walked]
-    assert all(e["forward_seconds"] > 0 and e["backward_seconds"] > 0 for e in layers)
+    assert_layer_profile(events, "gpt-tiny", seq_len=32)
 
 
 def test_a_planned_transformer_sweep_runs_through_the_host_and_lands_in_run_overview(torch_env, tmp_path):

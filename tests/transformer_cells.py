@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from matrun.runner.harness import models
+
 # gpt-tiny on synthetic text, 64-token sequences, 2 threads (every key a spec.json carries)
 BASE = {
     "variant": "cpu", "device": "cpu", "gpus": None, "mode": "train",
@@ -51,3 +53,16 @@ def in_env(python: Path, stage: Path, code: str, env: dict[str, str]) -> Any:
                           env={"PYTHONPATH": str(stage), **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_layer_profile(events: list[dict[str, Any]], model: str, **walk: Any) -> None:
+    """A transformer's layer records are its units in ``models.transformer_walk`` order (the
+    walk's name, its group as the kind, its FLOPs), their parameters sum to the model's, and
+    each was timed forward and backward (``walk``: the walk's seq_len, or shape and classes)."""
+    layers = [e for e in events if e["type"] == "layer"]
+    walked = list(models.transformer_walk(model, **walk))
+    assert [(e["name"], e["kind"], e["flops"]) for e in layers] == [(u["name"], u["group"], u["flops"])
+                                                                    for u in walked]
+    count = {k: v for k, v in walk.items() if k in ("shape", "classes")}
+    assert sum(e["params"] for e in layers) == models.transformer_param_count(model, **count)
+    assert all(e["forward_seconds"] > 0 and e["backward_seconds"] > 0 for e in layers)
