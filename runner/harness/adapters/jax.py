@@ -409,13 +409,8 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
     trained: Trained = model
     if is_transformer(params["model"]):
         return _transformer_layer_ops(params, dataset, trained)
-    net, place = trained.net, trained.place
-    training = params["mode"] != "inference"
-    split = dataset.train if training else dataset.test
-    x, y = arrays(split.head(params["batch_size"]), dataset.shape, params["layout"])
-    device = place.devices[0]
-    dtype = compute_dtype(params["precision"])
-    state = trained.state if not isinstance(trained.state, Sharded) else trained.state.local()
+    net = trained.net
+    training, x, y, device, dtype, state = _profile_batch(params, dataset, trained)
     variables = jax.device_put(_cast(state.variables(), dtype), device)
     x, y = jax.device_put(x.astype(dtype), device), jax.device_put(y, device)
     units = net.units()
@@ -448,6 +443,16 @@ def layer_ops(params: dict[str, Any], dataset: Dataset, model: Any) -> LayerOps:
         "step is one fused program, so the layers' times do not add up to the step's"])
 
 
+def _profile_batch(params: dict[str, Any], dataset: Dataset, trained: Trained) -> tuple[bool, Any, Any, Any, Any, State]:
+    """What a layer profile times on: whether the cell trains, one batch of its split (inputs
+    and labels as numpy arrays), the device, the compute dtype and this process's state."""
+    training = params["mode"] != "inference"
+    split = dataset.train if training else dataset.test
+    x, y = arrays(split.head(params["batch_size"]), dataset.shape, params["layout"])
+    state = trained.state if not isinstance(trained.state, Sharded) else trained.state.local()
+    return training, x, y, trained.place.devices[0], compute_dtype(params["precision"]), state
+
+
 def _transformer_layer_ops(params: dict[str, Any], dataset: Dataset, trained: Trained) -> LayerOps:
     """A transformer's units (``_jax_transformers.TransformerNetwork.transformer_units``) on one
     real batch, each its own jitted program as ``layer_ops`` does for a CNN's layers: forward
@@ -455,13 +460,8 @@ def _transformer_layer_ops(params: dict[str, Any], dataset: Dataset, trained: Tr
     respect to its output (the residual additions between units are not timed).  The first
     unit (the embedding) takes no input gradient: token ids have none, and torch's profile
     leaves the images' out too."""
-    net, place = trained.net, trained.place
-    training = params["mode"] != "inference"
-    split = dataset.train if training else dataset.test
-    x, y = arrays(split.head(params["batch_size"]), dataset.shape, params["layout"])
-    device = place.devices[0]
-    dtype = compute_dtype(params["precision"])
-    state = trained.state if not isinstance(trained.state, Sharded) else trained.state.local()
+    net = trained.net
+    training, x, y, device, dtype, state = _profile_batch(params, dataset, trained)
     weights = jax.device_put(_cast(state.params, dtype), device)
     x, y = jax.device_put(_input(net, x, dtype), device), jax.device_put(y, device)
     units = net.transformer_units(weights)
