@@ -25,6 +25,7 @@ from matrun.runner.environments import engine
 from matrun.runner.environments.builds import build_images
 from matrun.runner.environments.contexts import images_needed
 from matrun.runner.environments.home import matrun_home
+from matrun.runner.environments.releases import env_variant
 from matrun.runner.environments.system import list_system_envs
 from matrun.runner.environments.venvs import ensure_env, list_envs
 from matrun.runner.harness.spec import SYSTEM_VARIANT
@@ -47,7 +48,7 @@ def envs(
     (variant = "system"); --build prepares those the matrix needs."""
     if build:
         m = load_matrix(matrix, profile)
-        for fw, variant in sorted({(c.values["framework"], c.values["variant"]) for c in m.cells}):
+        for fw, variant in sorted({(c.values["framework"], env_variant(c.values)) for c in m.cells}):
             if variant == SYSTEM_VARIANT:
                 typer.echo(f"{fw}:{variant}: nothing to build (the site's own Python, named by python)")
                 continue

@@ -25,8 +25,9 @@ from importlib import resources
 from pathlib import Path
 
 from matrun.errors import EnvironmentBuildError, InputError
-from matrun.frameworks import get_framework
+from matrun.frameworks import get_framework, release_key
 from matrun.runner.environments.home import HARNESS_PROTOCOL, matrun_home
+from matrun.runner.environments.releases import lock_for, split_variant
 
 MARKER = ".matrun-env.json"
 
@@ -39,6 +40,7 @@ class EnvSpec:
     # pins for the isolated build environments of sdists (framework.toml build_constraints)
     build_constraints: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # the variant's cell variables (framework.toml env)
+    release: str = ""  # a cell's ``version``: ``requirements`` is then its lock (releases.py)
 
     @property
     def python_version(self) -> str:
@@ -51,6 +53,10 @@ class EnvSpec:
             text += "\nbuild_constraints " + " ".join(self.build_constraints)
         if self.env:  # the same: hashed only when the variant sets variables
             text += "".join(f"\nenv {name}={value}" for name, value in self.env)
+        if self.release:  # a release's environment: its lock is the requirements hashed above
+            text += f"\nrelease {self.release}"
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            return f"{self.framework}-{self.variant}-{self.release}-{digest[:12]}"
         digest = hashlib.sha256(text.encode()).hexdigest()
         return f"{self.framework}-{self.variant}-{digest[:12]}"
 
@@ -65,9 +71,16 @@ class Env:
         return self.path / "bin" / "python"
 
 
-def env_spec(framework: str, variant: str) -> EnvSpec:
-    """The pinned requirements of a framework variant (package data under ``images/``)."""
+def env_spec(framework: str, variant: str, *, log=None) -> EnvSpec:
+    """The pinned requirements of a framework variant (package data under ``images/``); for
+    ``variant@version`` (a cell's ``version``, releases.py) the release's lock, resolved the
+    first time."""
+    variant, release = split_variant(variant)
     var = get_framework(framework).variant(variant)
+    if release:
+        lock = lock_for(framework, variant, release, log=log)
+        return EnvSpec(framework, variant, lock.text, var.build_constraints, tuple(sorted(var.env.items())),
+                       release)
     if var.requirements is None:
         raise InputError(
             f"variant {variant} of {framework} is image-only ({var.description or var.dockerfile}): "
@@ -83,7 +96,7 @@ def env_spec(framework: str, variant: str) -> EnvSpec:
 
 def ensure_env(framework: str, variant: str, *, log=None) -> Env:
     """Return the environment, building it first if it is missing or half-built."""
-    spec = env_spec(framework, variant)
+    spec = env_spec(framework, variant, log=log)
     root = matrun_home() / "envs"
     root.mkdir(parents=True, exist_ok=True)
     env = Env(spec, root / spec.env_id)
@@ -92,7 +105,14 @@ def ensure_env(framework: str, variant: str, *, log=None) -> Env:
     with open(root / f".{spec.env_id}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another matrun may be building the same env
         if not (env.path / MARKER).is_file():
-            _build(env, log=log)
+            failed = root / f"{spec.env_id}.failed"
+            try:
+                _build(env, log=log)
+            except EnvironmentBuildError as exc:  # nothing half-built is used; the reason is kept
+                shutil.rmtree(env.path, ignore_errors=True)
+                failed.write_text(f"{exc}\n", encoding="utf-8")
+                raise
+            failed.unlink(missing_ok=True)
     return env
 
 
@@ -116,13 +136,31 @@ def _build(env: Env, *, log) -> None:
         constraints = env.path / "build-constraints.txt"
         constraints.write_text("".join(f"{c}\n" for c in env.spec.build_constraints), encoding="utf-8")
         pip_env = {**os.environ, "PIP_CONSTRAINT": str(constraints)}
+    # A release is installed from its lock alone: every file by its hash, nothing resolved again
+    locked = ["--no-deps", "--require-hashes", "--no-cache-dir"] if env.spec.release else []
     _run([str(env.python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-          "-q", "-r", str(req)], "install the pinned requirements", env, pip_env)
+          "-q", *locked, "-r", str(req)], "install the pinned requirements", env, pip_env)
     check = get_framework(env.spec.framework).import_check
     version = _run([str(env.python), "-c", check], "import the framework", env).strip()
     marker = {"env_id": env.spec.env_id, "framework": env.spec.framework, "variant": env.spec.variant,
               "python": env.spec.python_version, "framework_version": version.splitlines()[-1] if version else ""}
+    if env.spec.release:
+        found = marker["framework_version"]
+        if not _same_release(found, env.spec.release):
+            raise EnvironmentBuildError(f"environment {env.spec.env_id}: the lock installed {env.spec.framework} "
+                                        f"{found or '(no version)'}, not the release {env.spec.release}")
+        marker["release"] = env.spec.release
+        marker["lock"] = env.spec.requirements
     (env.path / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+def _same_release(found: str, release: str) -> bool:
+    """Whether the framework's own version string names the release (``2.4.1+cu121`` is
+    2.4.1; TensorFlow 2.15.0.post1 says 2.15.0: a post-release changes no code)."""
+    try:
+        return release_key(found.split("+")[0])[:2] == release_key(release)[:2]
+    except ValueError:
+        return False
 
 
 def _run(cmd: list[str], what: str, env: Env, environ: dict[str, str] | None = None) -> str:

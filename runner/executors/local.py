@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 from matrun.errors import InputError
 from matrun.frameworks import get_framework, host_env_prefixes
 from matrun.runner.environments.home import stage_harness
+from matrun.runner.environments.releases import env_variant
 from matrun.runner.environments.system import system_env_id, system_refusal
 from matrun.runner.environments.venvs import ensure_env, env_spec
 from matrun.runner.executors.energy import EnergyMonitor, MonitorPair
@@ -121,7 +122,7 @@ class LocalExecutor(SyncExecutor):
         if params.get("variant") == SYSTEM_VARIANT:
             python = Path(params["python"])
         else:
-            python = ensure_env(params["framework"], params["variant"]).python
+            python = ensure_env(params["framework"], env_variant(params)).python
         # A multi-worker cell: the harness launches its workers, all in one private network
         # namespace with only loopback (launch.py), as a container with no network would.  A
         # node of a multi-node cell comes with the plan its Slurm task wrote (the host's network).

@@ -172,6 +172,21 @@ def variant(value: Any) -> str:
     return value
 
 
+#: A framework release as ``version`` names it: PEP 440's public versions without epochs or
+#: local labels (``2.4.1``, ``0.4.30``, ``2.15.0.post1``, ``2.5.0rc1``).
+RELEASE = re.compile(r"^[0-9]{1,4}(\.[0-9]{1,6}){0,3}((a|b|rc)[0-9]{1,4})?(\.post[0-9]{1,4})?(\.dev[0-9]{1,6})?\Z")
+
+
+def release(value: Any) -> str:
+    """``version``: a release of the cell's framework ("": the variant's own pins)."""
+    if not isinstance(value, str):
+        raise ParamError(f'expected a release of the framework as a string, such as "2.4.1", got {show(value)}')
+    if value and not RELEASE.match(value):
+        raise ParamError(f'expected a release such as "2.4.1" or "0.4.30" (digits and dots, optionally '
+                         f'a1/b1/rc1, .post1, .dev1), got {show(value)}')
+    return value
+
+
 def interpreter(value: Any) -> str:
     """The site's own Python of a ``variant = "system"`` cell: the absolute path of an
     executable file, or "" (none: the variant's own environment).  A host-only key, so the
@@ -263,6 +278,10 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
           'the site\'s own Python a variant = "system" cell runs in (an absolute path); its environment id '
           "comes from a probe of that interpreter, so the path itself is not part of the identity",
           identity=False, in_spec=HOST_ONLY),
+    Param("version", release, "",
+          'a release of the framework, e.g. "2.4.1": matrun builds one environment per release, its '
+          'requirements resolved once and locked with hashes ("": the variant\'s own pins; docs/RELEASES.md)',
+          in_spec=HOST_ONLY),
     Param("device", Choice(DEVICES), "cpu", "device the cell runs on"),
     Param("gpus", integer(1, 64), 1, "GPUs used by a gpu cell (single-host data parallel)"),
     Param("workers", integer(1, MAX_WORKERS), 1,

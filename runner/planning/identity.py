@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from matrun.runner.environments.releases import env_variant
 from matrun.runner.environments.system import system_env_id
 from matrun.runner.harness.spec import SYSTEM_VARIANT
 from matrun.runner.planning.matrix import CellParams, Matrix
@@ -35,7 +36,8 @@ def cell_id(identity: dict[str, Any], env_id: str) -> str:
 
 
 def plan_cells(matrix: Matrix, env_id_of: Callable[[str, str], str]) -> list[PlannedCell]:
-    """Attach identities; ``env_id_of(framework, variant)`` comes from the executor.
+    """Attach identities; ``env_id_of(framework, variant)`` comes from the executor (a cell
+    with ``version`` asks for ``variant@version``: releases.py ``env_variant``).
 
     A ``variant = "system"`` cell's environment is the site's own Python, whichever executor
     is asked: its id comes from a probe of the interpreter (``environments/system.py``), so
@@ -46,7 +48,7 @@ def plan_cells(matrix: Matrix, env_id_of: Callable[[str, str], str]) -> list[Pla
     for cell in matrix.cells:
         values = cell.values
         if values["variant"] != SYSTEM_VARIANT:
-            env = env_id_of(values["framework"], values["variant"])
+            env = env_id_of(values["framework"], env_variant(values))
             planned.append(PlannedCell(cell, cell_id(cell.identity, env), env))
             continue
         env = system_env_id(values["framework"], values["python"])

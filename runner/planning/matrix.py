@@ -24,7 +24,7 @@ from typing import Any, Iterator, Mapping
 
 from matrun.errors import InputError, MatrixError
 from matrun.runner.harness.models import is_transformer
-from matrun.frameworks import display_name, get_framework, parameter_server_frameworks
+from matrun.frameworks import display_name, get_framework, parameter_server_frameworks, release_key
 from matrun.runner.harness.spec import (
     SYSTEM_VARIANT, interpreter_problem, knob_problem, layer_profile_problem, transformer_problem, unused_keys,
 )
@@ -539,6 +539,7 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
     if out["device"] == "gpu" and out["variant"] in fw.variants and fw.variants[out["variant"]].device != "gpu":
         raise ParamError(f"variant \"{out['variant']}\" of {out['framework']} is a CPU build; a gpu cell needs "
                          f"one of: {', '.join(v for v, d in fw.variants.items() if d.device == 'gpu') or 'none'}")
+    _canonical_release(out, fw)
     if is_transformer(out["model"]) and not fw.transformers:
         why = fw.transformers_reason or "its adapter does not build them yet (docs/TRANSFORMERS.md \"Transformers\")"
         raise ParamError(f"model {out['model']} is a transformer; {display_name(out['framework'])} has none: {why}")
@@ -551,6 +552,29 @@ def canonical(values: dict[str, Any]) -> dict[str, Any]:
     if out["warmup_steps"] >= _steps_upper_bound(out):
         raise ParamError(f"warmup_steps = {out['warmup_steps']} leaves no timed steps")
     return out
+
+
+def _canonical_release(out: dict[str, Any], fw: Any) -> None:
+    """``version``: a release of a framework that has ``[releases]``, for one of the variants it
+    builds them for, no older than its adapter drives.  Whether the package index has it is
+    asked when the cell is planned (runner/environments/releases.py), not here."""
+    version = out["version"]
+    if not version:
+        return
+    name = display_name(out["framework"])
+    if out["variant"] == SYSTEM_VARIANT:
+        raise ParamError(f'version "{version}" names a release for matrun to install; variant = "system" '
+                         f"runs the site's own Python with whatever release it has: leave version out")
+    rel = fw.releases
+    if rel is None:
+        why = fw.releases_reason or "its framework.toml has no [releases] (docs/RELEASES.md)"
+        raise ParamError(f'version "{version}": {name} has no releases matrun can install here: {why}')
+    if out["variant"] not in rel.variants:
+        raise ParamError(f'version "{version}": {name}\'s releases are built for variant '
+                         f'{" or ".join(rel.variants)}, not "{out["variant"]}" (its pins are its one release)')
+    if rel.since and release_key(version) < release_key(rel.since):
+        raise ParamError(f'version "{version}": matrun\'s {name} adapter drives {rel.package} {rel.since} and '
+                         f"newer{': ' + rel.since_reason if rel.since_reason else ''}")
 
 
 def _canonical_workers(out: dict[str, Any], unused: set[str]) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 from matrun.errors import SweepLocked
 from matrun.runner.executors.protocol import AsyncExecutor, JobTracker, PreparedRun, RunOutcome, TrackedRun
 from matrun.runner.planning.identity import PlannedCell
+from matrun.runner.environments.releases import env_variant
 from matrun.runner.planning.matrix import Matrix, load_matrix
 from matrun.runner.slurm.jobs import SweepJobs
 from matrun.runner.sweep.records import (
@@ -49,7 +50,7 @@ def run_async(runner: AsyncExecutor, jobs: JobTracker, matrix: Matrix, todo: lis
     reported: set[Path] = set()
     try:
         if todo:
-            runner.prepare({(pc.params["framework"], pc.params["variant"]) for pc, _ in todo},
+            runner.prepare({(pc.params["framework"], env_variant(pc.params)) for pc, _ in todo},
                            log=lambda text: emit(SweepEvent("message", text)))
             runs = []
             for pc, repeat in todo:

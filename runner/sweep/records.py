@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import platform
 import socket
@@ -297,7 +298,22 @@ def write_result(key: RunKey, run_dir: Path, env_id: str, executor: str,
         # The image the cell ran in (docker runtime): tag, ID, repo digests, content hash.
         "image": outcome.image or None,
         **({"design": design} if design else {}),
+        **_release_record(env_id),
     })
+
+
+def _release_record(env_id: str) -> dict[str, Any]:
+    """A release environment's lock (a cell's ``version``: runner/environments/releases.py),
+    kept with every run of it as ``release``: {version, lock}; nothing for other environments."""
+    from matrun.runner.environments.home import matrun_home
+    try:
+        marker = json.loads((matrun_home() / "envs" / env_id / ".matrun-env.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(marker, dict) or not marker.get("lock"):
+        return {}
+    return {"release": {"version": marker.get("release"), "framework_version": marker.get("framework_version"),
+                        "lock": marker["lock"]}}
 
 
 def ingest_quietly(paths: list[Path], warehouse: Path, summary: SweepSummary) -> Any:

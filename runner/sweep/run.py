@@ -41,6 +41,7 @@ from matrun.runner.executors.registry import get_executor
 from matrun.runner.harness.cpusets import parse_cpuset
 from matrun.runner.planning.history import done_runs, durations
 from matrun.runner.planning.identity import PlannedCell, plan_cells
+from matrun.runner.environments.releases import env_variant
 from matrun.runner.planning.preflight import preflight, preflight_data, preflight_study, resolve_data_dir
 from matrun.runner.planning.selection import parse_where, select
 from matrun.runner.planning.studies import record_study
@@ -267,7 +268,7 @@ def _planned(runner: Executor, matrix: Matrix, cells: Sequence[PlannedCell], dat
         return summary
     watch = LoadWatch()  # other processes' load, measured while the sweep prepares and between runs
     may_run = [pc for pc, _ in [*todo, *extra]] + (list(cells) if matrix.sweep.repeats_max else [])
-    runner.prepare({(pc.params["framework"], pc.params["variant"]) for pc in may_run},
+    runner.prepare({(pc.params["framework"], env_variant(pc.params)) for pc in may_run},
                    log=lambda text: emit(SweepEvent("message", text)))
     for warning in noise_warnings(_cells_cpus([*todo, *extra]), watch=watch):  # told, never changed (docs/EXECUTORS.md "Noise")
         emit(SweepEvent("message", f"Warning: {warning}"))

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping
 from matrun.errors import InputError
 from matrun.runner.harness import distributed
 from matrun.runner.harness.models import is_transformer
-from matrun.runner.harness.spec import PARAMS, PRESETS
+from matrun.runner.harness.spec import PARAMS, PRESETS, RELEASE
 from matrun.tomltext import TomlError, loads as toml_loads
 
 
@@ -42,10 +42,57 @@ class Unsupported:
     when: Mapping[str, Any]
     reason: str
     when_not: Mapping[str, Any] = field(default_factory=dict)
+    # A version guard: the rule holds only for a cell whose ``version`` names a release older
+    # than this one (a cell without ``version`` runs today's pins, newer than every guard).
+    releases_before: str | None = None
 
     def matches(self, params: Mapping[str, Any]) -> bool:
+        if self.releases_before is not None:
+            version = params.get("version")
+            if not version or release_key(str(version)) >= release_key(self.releases_before):
+                return False
         return (all(params.get(k) == v for k, v in self.when.items())
                 and all(params.get(k) != v for k, v in self.when_not.items()))
+
+
+def release_key(version: str) -> tuple:
+    """A sortable key of a release (``spec.RELEASE``'s grammar): ``2.4.1`` < ``2.5.0rc1`` <
+    ``2.5.0`` < ``2.5.0.post1``; missing parts are zeros (``2.4`` == ``2.4.0``)."""
+    m = re.match(r"^([0-9.]+?)(?:(a|b|rc)([0-9]+))?(?:\.post([0-9]+))?(?:\.dev([0-9]+))?\Z", version)
+    if not m:
+        raise ValueError(f"not a release: {version!r}")
+    numbers = [int(p) for p in m.group(1).split(".")]
+    while len(numbers) > 1 and numbers[-1] == 0:
+        numbers.pop()
+    pre = (0, "", 0) if m.group(2) is None else (-1, m.group(2), int(m.group(3)))
+    dev = (1, 0) if m.group(5) is None else (0, int(m.group(5)))
+    return (tuple(numbers), pre, int(m.group(4) or -1), dev)
+
+
+@dataclass(frozen=True)
+class Releases:
+    """``[releases]``: how a cell's ``version`` becomes an environment (docs/RELEASES.md).
+
+    ``package``: the project on the package index whose release ``version`` names.
+    ``requires``: the top-level requirements of one release, ``{version}`` standing for it;
+    pip resolves them once per release and the result is locked with hashes.
+    ``extra``: (``releases_before``, requirements): added for releases older than that one
+    (e.g. ``numpy<2`` for a torch built against NumPy 1).  ``variants``: the variants a
+    release can be built for (their own pins stand for today's release)."""
+
+    package: str
+    requires: tuple[str, ...]
+    variants: tuple[str, ...]
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    since: str | None = None  # the oldest release the adapter drives (older: refused with the reason)
+    since_reason: str = ""
+
+    def requirements(self, version: str) -> list[str]:
+        out = [r.replace("{version}", version) for r in self.requires]
+        for before, reqs in self.extra:
+            if release_key(version) < release_key(before):
+                out.extend(reqs)
+        return out
 
 
 #: What an ``[[unsupported]]`` rule may name beside the cell's parameters: facts derived from
@@ -220,6 +267,9 @@ class Framework:
     transformers_reason: str = ""
     # Whether ``layer_profile`` times a transformer's units (its adapter's ``layer_ops``)
     transformer_layer_profile: bool = False
+    # ``[releases]``: how a cell's ``version`` is built (None: the framework has one release here)
+    releases: Releases | None = None
+    releases_reason: str = ""  # why it has none (shown when a cell names a version)
 
     def preset_for(self, preset: str, family: str) -> Mapping[str, Any] | None:
         """The parameters ``preset`` gives this framework for a dataset family, or None."""
@@ -327,7 +377,7 @@ def display_name(name: str) -> str:
 DEFAULT_PRESET = "framework-default"
 NAMED_PRESETS = tuple(p for p in PRESETS if p not in ("none", DEFAULT_PRESET))
 _TOP_KEYS = ("name", "display_name", "default", "import_check", "builtin_blas", "onednn", "compile_cache", "transformers",
-             "transformers_reason", "transformer_layer_profile", "env",
+             "transformers_reason", "transformer_layer_profile", "env", "releases", "releases_reason",
              "unsupported",
              "defaults",
              "presets", *(f"presets-{p}" for p in NAMED_PRESETS), "workers", "variants")
@@ -414,7 +464,43 @@ def _parse(folder: str, doc: dict[str, Any]) -> Framework:
         transformers_reason=_text(file, "transformers_reason", doc.get("transformers_reason", "")),
         transformer_layer_profile=_flag(file, "transformer_layer_profile", doc.get("transformer_layer_profile", False)),
         workers=_parse_workers(file, doc.get("workers", {})),
+        releases=_parse_releases(file, doc["releases"]) if "releases" in doc else None,
+        releases_reason=_text(file, "releases_reason", doc.get("releases_reason", "")),
     )
+
+
+_RELEASE_KEYS = ("package", "requires", "variants", "extra", "since", "since_reason")
+
+
+def _release(where: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not RELEASE.match(value):
+        raise InputError(f"{where}: {key} must be a release such as \"2.0\", got {value!r}")
+    return value
+
+
+def _parse_releases(file: str, doc: Any) -> Releases:
+    where = f"{file} [releases]"
+    _keys(where, doc, _RELEASE_KEYS)
+    for key in ("package", "requires", "variants"):
+        if key not in doc:
+            raise InputError(f"{where}: {key} is missing")
+    requires = _texts(where, "requires", doc["requires"])
+    if not any("{version}" in r for r in requires):
+        raise InputError(f"{where}: requires must name the release as {{version}} (e.g. \"package=={{version}}\")")
+    extra = []
+    if not isinstance(doc.get("extra", []), list):
+        raise InputError(f"{where}: extra must be an array of tables ([[releases.extra]])")
+    for n, item in enumerate(doc.get("extra", [])):
+        w = f"{file} [[releases.extra]] {n + 1}"
+        _keys(w, item, ("releases_before", "requires"))
+        if "releases_before" not in item or "requires" not in item:
+            raise InputError(f"{w}: needs releases_before = \"…\" and requires = [\"…\"]")
+        extra.append((_release(w, "releases_before", item["releases_before"]), _texts(w, "requires", item["requires"])))
+    since = doc.get("since")
+    return Releases(package=_text(where, "package", doc["package"]), requires=requires,
+                    variants=_texts(where, "variants", doc["variants"]), extra=tuple(extra),
+                    since=None if since is None else _release(where, "since", since),
+                    since_reason=_text(where, "since_reason", doc.get("since_reason", "")))
 
 
 def _flag(file: str, key: str, value: Any) -> bool:
@@ -429,9 +515,12 @@ def _parse_unsupported(file: str, rules: Any) -> tuple[Unsupported, ...]:
     out = []
     for n, rule in enumerate(rules):
         where = f"{file} [[unsupported]] {n + 1}"
-        _keys(where, rule, ("when", "when_not", "reason"))
+        _keys(where, rule, ("when", "when_not", "reason", "releases_before"))
         when, when_not = rule.get("when", {}), rule.get("when_not", {})
-        if (not isinstance(when, dict) or not isinstance(when_not, dict) or not (when or when_not)
+        before = rule.get("releases_before")
+        if before is not None:
+            _release(where, "releases_before", before)
+        if (not isinstance(when, dict) or not isinstance(when_not, dict) or not (when or when_not or before)
                 or "reason" not in rule):
             raise InputError(f"{where}: needs when = {{ parameter = value, … }} (and/or when_not = {{ … }}) "
                              "and reason = \"…\"")
@@ -439,7 +528,7 @@ def _parse_unsupported(file: str, rules: Any) -> tuple[Unsupported, ...]:
         if unknown:
             raise InputError(f"{where}: {', '.join(unknown)} is neither a cell parameter nor one of "
                              f"{', '.join(DERIVED_KEYS)}")
-        out.append(Unsupported(dict(when), _text(where, "reason", rule["reason"]), dict(when_not)))
+        out.append(Unsupported(dict(when), _text(where, "reason", rule["reason"]), dict(when_not), before))
     return tuple(out)
 
 

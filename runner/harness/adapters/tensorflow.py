@@ -145,12 +145,18 @@ def configure(params: dict[str, Any]) -> None:
     keras.utils.set_random_seed(params["seed"])
     # compile = "eager": every tf.function runs op by op (TensorFlow's own default is a graph)
     tf.config.run_functions_eagerly(setting(params, "compile") == "eager")
-    keras.config.set_image_data_format("channels_first" if params["layout"] == "nchw" else "channels_last")
+    _keras_config().set_image_data_format("channels_first" if params["layout"] == "nchw" else "channels_last")
     keras.mixed_precision.set_global_policy(POLICIES[params["precision"]])
     if params["device"] == "gpu":
         # TensorFlow allows TF32 by default on Ampere+: fp32 must switch it off to be fp32.
         tf.config.experimental.enable_tensor_float_32_execution(params["precision"] == "tf32")
 
+
+
+def _keras_config() -> Any:
+    """Where Keras keeps its global settings: ``keras.config`` (Keras 3: TensorFlow 2.16 and
+    later), ``keras.backend`` before (Keras 2, a cell's ``version`` of TensorFlow 2.12-2.15)."""
+    return getattr(keras, "config", None) or keras.backend
 
 def probe(params: dict[str, Any]) -> dict[str, Any]:
     tf.constant(1.0) + 1.0  # start the runtime (thread pools) so they can be counted
@@ -170,7 +176,7 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         "device": used,
         "gpus_visible": len(gpus),
         "devices": [d.name for d in tf.config.list_physical_devices()],
-        "layout": keras.config.image_data_format(),
+        "layout": _keras_config().image_data_format(),
         "precision_policy": keras.mixed_precision.global_policy().name,
         "tensor_float_32": bool(tf.config.experimental.tensor_float_32_execution_enabled()) if gpus else None,
         "cudnn_autotune": os.environ.get("TF_CUDNN_USE_AUTOTUNE") if gpus else None,
