@@ -135,7 +135,7 @@ def _locked(home: Path, framework: str, version: str, package: str) -> None:
     (["--good", "2.0.0", "--bad", "2.4.1", "--repeats", "3..9"], ["--repeats", "at least 2"]),
     (["--good", "2.0.0", "--bad", "2.4.1", "--executor", "docker"], ["--executor", "no image per release"]),
     (["--good", "2.0.0", "--bad", "2.4.1", "--metric", "accuracy"], ["--metric"]),
-    (["--good", "2.0.0", "--bad", "2.4.1"], ["bisect measures one workload: 2 cells", "--where"]),
+    (["--good", "2.0.0", "--bad", "2.4.1"], ["bisect measures one workload: 2 workloads", "--where"]),
     (["--good", "2.0.0", "--bad", "2.4.1", "--where", "threads=3"], ["--where matches no cell"]),
 ])
 def test_bisect_refuses_bad_flags_and_a_selection_of_other_than_one_workload(tmp_path, monkeypatch, args, words):

@@ -115,7 +115,7 @@ def test_a_cell_without_version_keeps_its_identity(tmp_path):
 # -- the lock ------------------------------------------------------------------------------------
 
 
-def test_a_release_is_resolved_once_and_its_lock_gives_the_environment_id(home):
+def test_a_release_is_resolved_once_and_its_environment_id_is_known_before(home):
     calls = []
 
     def resolver(requested):
@@ -128,14 +128,16 @@ def test_a_release_is_resolved_once_and_its_lock_gives_the_environment_id(home):
     assert lock.text.splitlines()[2] == f"filelock==4.3.1 --hash=sha256:{SHA}"
     assert lock_for("torch", "cpu", "2.2.2", resolver=resolver).text == lock.text
     assert len(calls) == 1, "a locked release is not resolved again"
+    # the id is the release's request (a recipe, as an image's), known without the index
     spec = venvs.env_spec("torch", "cpu@2.2.2")
-    assert spec.env_id.startswith("torch-cpu-2.2.2-") and spec.requirements == lock.text
-    assert spec.env_id != venvs.env_spec("torch", "cpu").env_id
-    # --relock: resolved again; another choice of pip's is another environment
+    assert spec.env_id.startswith("torch-cpu-2.2.2-") and spec.requirements == (
+        "torch==2.2.2\nnumpy\nthreadpoolctl==3.8.0\nnumpy<2\n") and spec.lock == ""
+    assert spec.env_id != venvs.env_spec("torch", "cpu").env_id != venvs.env_spec("torch", "cpu@2.4.1").env_id
+    # --relock: resolved again; the environment is rebuilt from the new lock (same id)
     relocked = lock_for("torch", "cpu", "2.2.2", relock=True,
                         resolver=lambda r: report(("torch", "2.4.1"), ("numpy", "1.26.3")))
     assert len(calls) == 1 and relocked.pinned("numpy") == "1.26.3"
-    assert venvs.env_spec("torch", "cpu@2.2.2").env_id != spec.env_id
+    assert venvs.env_spec("torch", "cpu@2.2.2").env_id == spec.env_id
 
 
 def test_a_damaged_lock_is_resolved_again(home):
@@ -220,8 +222,28 @@ def test_every_run_of_a_release_environment_records_its_lock(home):
 
 
 def test_the_local_executor_plans_a_release_cell_in_its_own_environment(tmp_path, home, monkeypatch):
-    monkeypatch.setattr(releases, "pip_report", lambda r: report(("torch", "2.4.1")))
+    def no_index(requested):
+        raise AssertionError("planning asked the package index")
+
+    monkeypatch.setattr(releases, "pip_report", no_index)
     m = load_matrix(write(tmp_path, '[fixed]\nthreads = 1\n[axes]\nversion = ["2.4.1", ""]\n'))
     planned = plan_cells(m, LocalExecutor().env_id)
     assert planned[0].env_id.startswith("torch-cpu-2.4.1-") and planned[1].env_id.startswith("torch-cpu-")
     assert planned[0].cell_id != planned[1].cell_id
+    assert not (home / "locks").exists()
+
+
+def test_an_environment_built_from_another_lock_is_built_again(home, monkeypatch):
+    """A marker whose lock is not the release's lock now (``--relock``) is not used."""
+    lock = lock_for("jax", "cpu", "0.4.30", resolver=lambda r: report(("jax", "0.4.30")))
+    spec = venvs.env_spec("jax", "cpu@0.4.30")
+    env = venvs.Env(venvs.replace(spec, lock=lock.text), home / "envs" / spec.env_id)
+    env.path.mkdir(parents=True)
+    (env.path / venvs.MARKER).write_text(json.dumps({"lock": lock.text}), encoding="utf-8")
+    assert venvs._usable(env)
+    (env.path / venvs.MARKER).write_text(json.dumps({"lock": "jax==0.4.29 --hash=sha256:" + SHA}), encoding="utf-8")
+    assert not venvs._usable(env)
+    built = []
+    monkeypatch.setattr(venvs, "_build", lambda e, log: built.append(e.spec.lock))
+    venvs.ensure_env("jax", "cpu@0.4.30")
+    assert built == [lock.text]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -22,7 +22,8 @@ from matrun.runner.harness.spec import RELEASE
 from matrun.runner.planning.identity import plan_cells
 from matrun.runner.planning.matrix import load_matrix, repeats_option
 from matrun.runner.planning.overrides import parse_overrides
-from matrun.runner.planning.selection import parse_where, select
+from matrun.runner.planning.params import as_text
+from matrun.runner.planning.selection import parse_where
 from matrun.runner.sweep import bisect as bis
 from matrun.runner.sweep.run import run_sweep
 from matrun.warehouse import history as hist
@@ -68,24 +69,25 @@ def bisect(
         if not RELEASE.match(value):
             raise InputError(f'{option}: expected a release such as "2.4.1", got {value!r}')
     overrides = {k: v for k, v in parse_overrides(sets).items() if k != "version"}
-    pc, matrix_doc = _workload(matrix, profile, where, overrides, good, executor)
-    framework = pc.params["framework"]
+    workload, matrix_doc = _workload(matrix, profile, where, overrides)
+    label = workload.pop("_label")
+    framework = workload["framework"]
+    _release_cell(matrix, profile, workload, good, executor)  # refused now, not after a run, if it cannot plan
     releases = bis.releases_between(offered_releases(framework), good, bad)
     display = SweepDisplay(err)
     m = hist.METRICS[metric]
-    typer.echo(f"bisect {pc.cell.label}: {len(releases)} releases of {framework} from {releases[0]} to "
+    typer.echo(f"bisect {label}: {len(releases)} releases of {framework} from {releases[0]} to "
                f"{releases[-1]}, {n} runs each", err=True)
 
     def measure(release: str) -> list[float] | str:
-        sets_now = {**overrides, "version": release}
         try:
-            run_sweep(matrix_path=matrix, where=where, executor=executor, on_event=display, profile=profile,
-                      overrides=sets_now, repeats={"repeats": n})
+            run_sweep(matrix_path=matrix, executor=executor, on_event=display, profile=profile,
+                      overrides={**workload, "version": release}, repeats={"repeats": n})
+            cell = _release_cell(matrix, profile, workload, release, executor)
         except MatrunError as exc:
             return f"not measured: {exc}".splitlines()[0][:300]
         finally:
             display.stop()
-        cell, _ = _workload(matrix, profile, where, sets_now, release, executor)
         with reader(matrix_doc.sweep.warehouse) as con:
             rows = fetch(con, f"""
                 SELECT {m.sql} AS v, coalesce(r.busy_start, false) AS busy FROM runs AS r
@@ -94,13 +96,13 @@ def bisect(
         clean = [r["v"] for r in rows if r["v"] is not None and not r["busy"]]
         return clean if len(clean) >= 2 else [r["v"] for r in rows if r["v"] is not None]
 
-    result = bis.bisect(releases, measure, framework=framework, workload=pc.cell.label, metric=metric,
+    result = bis.bisect(releases, measure, framework=framework, workload=label, metric=metric,
                         unit=m.unit, larger_is_better=m.larger_is_better,
                         log=lambda s: typer.echo(f"bisect: {s}", err=True))
     if fmt == "json":
         sys.stdout.write(json.dumps(bis.to_json_doc(result), indent=2, allow_nan=False, default=_nan) + "\n")
         return
-    table = Table(title=f"{framework} {pc.cell.label}: {metric}{f' ({m.unit})' if m.unit else ''}")
+    table = Table(title=f"{framework} {label}: {metric}{f' ({m.unit})' if m.unit else ''}")
     for col in ("release", "order", "runs", "median", "vs good", "p", "verdict"):
         table.add_column(col, overflow="fold")
     for release in releases:
@@ -122,16 +124,36 @@ def _nan(value: Any) -> Any:
     return None
 
 
-def _workload(matrix: Path, profile: str | None, where: list[str], overrides: dict[str, Any], release: str,
-              executor: str) -> tuple[Any, Any]:
-    """The one cell bisect measures, at ``release`` (its id as the executor plans it), and the
-    matrix.  ``InputError`` when the selection holds no cell or more than one workload."""
-    m = load_matrix(matrix, profile, {**overrides, "version": release})
+def _workload(matrix: Path, profile: str | None, where: list[str],
+              overrides: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The one workload bisect measures: the parameters of the selected cells but ``version``
+    (which must be the same for all of them), and the matrix.  ``InputError`` when the selection
+    holds no cell or more than one workload."""
+    m = load_matrix(matrix, profile, overrides)
+    wanted = parse_where(where)
+    if "cell" in wanted:
+        raise InputError("--where cell=…: a cell id names one release's cell; select the workload by its "
+                         "parameters (--where model=resnet18)")
+    chosen = [c for c in m.cells if all(as_text(c.values.get(k)) in vals for k, vals in wanted.items())]
+    workloads: dict[str, dict[str, Any]] = {}
+    for c in chosen:
+        values = {k: v for k, v in c.values.items() if k != "version" and v is not None}
+        workloads.setdefault(json.dumps(values, sort_keys=True, default=str), values)
+    if not chosen:
+        raise InputError("--where matches no cell of the matrix" if where else f"{matrix} has no cell")
+    if len(workloads) != 1:
+        labels = "; ".join(c.label for c in chosen[:5])
+        raise InputError(f"bisect measures one workload: {len(workloads)} workloads among the {len(chosen)} "
+                         f"cells selected ({labels}{' …' if len(chosen) > 5 else ''}); narrow them with "
+                         "--where KEY=VALUE or --set KEY=VALUE")
+    label = " ".join(p for p in chosen[0].label.split() if not p.startswith("version=")) or chosen[0].values["framework"]
+    return {**next(iter(workloads.values())), "_label": label}, m
+
+
+def _release_cell(matrix: Path, profile: str | None, workload: dict[str, Any], release: str, executor: str) -> Any:
+    """The workload's cell at ``release``: every parameter set (``--set``), so the matrix's
+    axes, zips and includes all become this one cell, whose id is the sweep's."""
+    m = load_matrix(matrix, profile, {**workload, "version": release})
     runner, _ = get_executor(executor)
-    cells = select(plan_cells(m, runner.env_id), parse_where(where))
-    if len(cells) != 1:
-        labels = "; ".join(pc.cell.label for pc in cells[:5])
-        raise InputError(f"bisect measures one workload: {len(cells)} cells of {matrix} are selected"
-                         + (f" ({labels}{' …' if len(cells) > 5 else ''})" if cells else "")
-                         + "; narrow them with --where KEY=VALUE or --set KEY=VALUE")
-    return cells[0], m
+    cells = plan_cells(m, runner.env_id)
+    return cells[0]

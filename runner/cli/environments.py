@@ -25,7 +25,7 @@ from matrun.runner.environments import engine
 from matrun.runner.environments.builds import build_images
 from matrun.runner.environments.contexts import images_needed
 from matrun.runner.environments.home import matrun_home
-from matrun.runner.environments.releases import env_variant
+from matrun.runner.environments.releases import env_variant, lock_for
 from matrun.runner.environments.system import list_system_envs
 from matrun.runner.environments.venvs import ensure_env, list_envs
 from matrun.runner.harness.spec import SYSTEM_VARIANT
@@ -43,11 +43,19 @@ def envs(
     matrix: MatrixArg = Path("matrix.toml"),
     profile: ProfileOpt = None,
     build: Annotated[bool, typer.Option("--build", help="Build the environments the matrix needs.")] = False,
+    relock: Annotated[bool, typer.Option("--relock", help="With --build: resolve the matrix's releases (cells with "
+                                         "version) with pip again; an environment whose lock changed is rebuilt.")] = False,
 ) -> None:
     """List the framework environments built here and the site's own interpreters probed here
     (variant = "system"); --build prepares those the matrix needs."""
+    if relock and not build:
+        raise InputError("--relock resolves the releases of the environments --build builds: give --build too")
     if build:
         m = load_matrix(matrix, profile)
+        if relock:
+            for fw, variant, version in sorted({(c.values["framework"], c.values["variant"], c.values["version"])
+                                                for c in m.cells if c.values.get("version")}):
+                lock_for(fw, variant, version, relock=True, log=lambda t: typer.echo(t, err=True))
         for fw, variant in sorted({(c.values["framework"], env_variant(c.values)) for c in m.cells}):
             if variant == SYSTEM_VARIANT:
                 typer.echo(f"{fw}:{variant}: nothing to build (the site's own Python, named by python)")

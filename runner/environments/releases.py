@@ -27,7 +27,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterable, Mapping
 
 from matrun.errors import InputError
 from matrun.frameworks import display_name, get_framework, release_key
@@ -169,6 +169,15 @@ def lock_for(framework: str, variant: str, version: str, *, relock: bool = False
         tmp.write_text(json.dumps(lock.as_json(), indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, path)  # readers see the old lock or the new one, never half of one
         return Lock(**{**lock.__dict__, "path": path})
+
+
+def check_releases(cells: Iterable[Mapping[str, Any]], *, log: Callable[[str], None] | None = None) -> None:
+    """Resolve the lock of every release the cells name (each once; a lock resolved before is
+    read from disk), so that a release pip cannot install is refused, by name, before anything
+    is built or run: ``InputError`` naming ``version``."""
+    for framework, variant, version in sorted({(c["framework"], c["variant"], c["version"])
+                                               for c in cells if c.get("version")}):
+        lock_for(framework, variant, version, log=log)
 
 
 def _not_offered(framework: str, version: str, offered: Callable[[str], list[str]] | None) -> str | None:

@@ -20,14 +20,14 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
 from matrun.errors import EnvironmentBuildError, InputError
 from matrun.frameworks import get_framework, release_key
 from matrun.runner.environments.home import HARNESS_PROTOCOL, matrun_home
-from matrun.runner.environments.releases import lock_for, split_variant
+from matrun.runner.environments.releases import lock_for, requirements_of, split_variant
 
 MARKER = ".matrun-env.json"
 
@@ -40,7 +40,11 @@ class EnvSpec:
     # pins for the isolated build environments of sdists (framework.toml build_constraints)
     build_constraints: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # the variant's cell variables (framework.toml env)
-    release: str = ""  # a cell's ``version``: ``requirements`` is then its lock (releases.py)
+    # A cell's ``version`` (releases.py): ``requirements`` is then what the release asks for
+    # ([releases] requires), which the id hashes, and ``lock`` what pip chose for it, resolved
+    # when the environment is built (a recipe and its build, as an image's: docs/RELEASES.md)
+    release: str = ""
+    lock: str = ""
 
     @property
     def python_version(self) -> str:
@@ -53,7 +57,7 @@ class EnvSpec:
             text += "\nbuild_constraints " + " ".join(self.build_constraints)
         if self.env:  # the same: hashed only when the variant sets variables
             text += "".join(f"\nenv {name}={value}" for name, value in self.env)
-        if self.release:  # a release's environment: its lock is the requirements hashed above
+        if self.release:  # a release's environment: its request is the requirements hashed above
             text += f"\nrelease {self.release}"
             digest = hashlib.sha256(text.encode()).hexdigest()
             return f"{self.framework}-{self.variant}-{self.release}-{digest[:12]}"
@@ -73,14 +77,14 @@ class Env:
 
 def env_spec(framework: str, variant: str, *, log=None) -> EnvSpec:
     """The pinned requirements of a framework variant (package data under ``images/``); for
-    ``variant@version`` (a cell's ``version``, releases.py) the release's lock, resolved the
-    first time."""
+    ``variant@version`` (a cell's ``version``, releases.py) what the release asks for (its lock
+    is resolved by ``ensure_env``, not here: planning needs no package index)."""
     variant, release = split_variant(variant)
     var = get_framework(framework).variant(variant)
     if release:
-        lock = lock_for(framework, variant, release, log=log)
-        return EnvSpec(framework, variant, lock.text, var.build_constraints, tuple(sorted(var.env.items())),
-                       release)
+        requested = requirements_of(framework, variant, release)
+        return EnvSpec(framework, variant, "".join(f"{r}\n" for r in requested), var.build_constraints,
+                       tuple(sorted(var.env.items())), release)
     if var.requirements is None:
         raise InputError(
             f"variant {variant} of {framework} is image-only ({var.description or var.dockerfile}): "
@@ -95,16 +99,19 @@ def env_spec(framework: str, variant: str, *, log=None) -> EnvSpec:
 
 
 def ensure_env(framework: str, variant: str, *, log=None) -> Env:
-    """Return the environment, building it first if it is missing or half-built."""
+    """Return the environment, building it first if it is missing or half-built (a release's:
+    also when its lock was resolved again since, ``matrun envs --relock``)."""
     spec = env_spec(framework, variant, log=log)
+    if spec.release:
+        spec = replace(spec, lock=lock_for(framework, spec.variant, spec.release, log=log).text)
     root = matrun_home() / "envs"
     root.mkdir(parents=True, exist_ok=True)
     env = Env(spec, root / spec.env_id)
-    if (env.path / MARKER).is_file():
+    if _usable(env):
         return env
     with open(root / f".{spec.env_id}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another matrun may be building the same env
-        if not (env.path / MARKER).is_file():
+        if not _usable(env):
             failed = root / f"{spec.env_id}.failed"
             try:
                 _build(env, log=log)
@@ -114,6 +121,15 @@ def ensure_env(framework: str, variant: str, *, log=None) -> Env:
                 raise
             failed.unlink(missing_ok=True)
     return env
+
+
+def _usable(env: Env) -> bool:
+    """Built (its marker written after the import check) and, for a release, from its lock."""
+    try:
+        marker = json.loads((env.path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return not env.spec.release or (isinstance(marker, dict) and marker.get("lock") == env.spec.lock)
 
 
 def built_env(framework: str, variant: str) -> tuple[Env, bool]:
@@ -130,7 +146,7 @@ def _build(env: Env, *, log) -> None:
     shutil.rmtree(env.path, ignore_errors=True)
     _run([sys.executable, "-m", "venv", str(env.path)], "create the virtual environment", env)
     req = env.path / "requirements.txt"
-    req.write_text(env.spec.requirements, encoding="utf-8")
+    req.write_text(env.spec.lock or env.spec.requirements, encoding="utf-8")
     pip_env = None
     if env.spec.build_constraints:  # pip hands PIP_CONSTRAINT on to the builds of sdists
         constraints = env.path / "build-constraints.txt"
@@ -150,7 +166,7 @@ def _build(env: Env, *, log) -> None:
             raise EnvironmentBuildError(f"environment {env.spec.env_id}: the lock installed {env.spec.framework} "
                                         f"{found or '(no version)'}, not the release {env.spec.release}")
         marker["release"] = env.spec.release
-        marker["lock"] = env.spec.requirements
+        marker["lock"] = env.spec.lock
     (env.path / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 

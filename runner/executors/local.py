@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from matrun.errors import InputError
 from matrun.frameworks import get_framework, host_env_prefixes
 from matrun.runner.environments.home import stage_harness
-from matrun.runner.environments.releases import env_variant
+from matrun.runner.environments.releases import check_releases, env_variant, split_variant
 from matrun.runner.environments.system import system_env_id, system_refusal
 from matrun.runner.environments.venvs import ensure_env, env_spec
 from matrun.runner.executors.energy import EnergyMonitor, MonitorPair
@@ -94,6 +94,10 @@ class LocalExecutor(SyncExecutor):
         return env_spec(framework, variant).env_id
 
     def prepare(self, envs: set[tuple[str, str]], *, log: Callable[[str], None]) -> None:
+        # every release's lock first (quick): a release pip cannot install stops the sweep
+        # before any environment is built
+        check_releases(({"framework": fw, "variant": split_variant(v)[0], "version": split_variant(v)[1]}
+                        for fw, v in envs), log=log)
         for framework, variant in sorted(envs):
             if variant != SYSTEM_VARIANT:  # the site's own Python is there already, probed by the plan
                 ensure_env(framework, variant, log=log)

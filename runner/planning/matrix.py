@@ -143,7 +143,8 @@ class CellParams:
         """``key=value`` for each parameter that varies between the matrix's cells and that
         this cell uses: a null value (a parameter that does not apply, such as ``kvstore``
         for torch) is left out; framework, model and dataset when nothing else is left."""
-        parts = [f"{k}={plain(self.values[k])}" for k in self.varying if self.values[k] is not None]
+        parts = [f"{k}={plain(self.values[k]) if self.values[k] != '' else '(pins)'}"
+                 for k in self.varying if self.values[k] is not None]
         return " ".join(parts or (f"{k}={plain(self.values[k])}" for k in ("framework", "model", "dataset")))
 
 

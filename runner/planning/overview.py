@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 from matrun.runner.environments.system import system_refusal
 from matrun.runner.executors.registry import get_executor
 from matrun.runner.harness.spec import SYSTEM_VARIANT
+from matrun.runner.environments.releases import check_releases
 from matrun.runner.planning.history import done_runs, durations
 from matrun.runner.planning.identity import plan_cells
 from matrun.runner.planning.matrix import load_matrix
@@ -33,6 +34,7 @@ def plan_rows(*, matrix_path: Path, where: Sequence[str] = (), profile: str | No
         matrix = replace(matrix, sweep=replace(matrix.sweep, **repeats))
     runner, _ = get_executor(matrix.sweep.executor)
     cells = select(plan_cells(matrix, runner.env_id), parse_where(where))
+    check_releases(pc.params for pc in cells)  # a release the index lacks: refused now, by name
     done = done_runs(matrix.sweep.warehouse)
     known = durations(matrix.sweep.warehouse)
     repeats = matrix.sweep.repeats

@@ -144,7 +144,7 @@ configured AS (
              ELSE TRY_CAST(xv AS DOUBLE) END AS xn,
         list_median(vals) AS med,
         entries_config_id(entries, list_concat([xk], along),
-                          CASE WHEN list_has_any(list_concat([xk], along), ['variant', 'framework'])
+                          CASE WHEN list_has_any(list_concat([xk], along), ['variant', 'framework', 'version'])
                                THEN NULL ELSE env_id END) AS config
     FROM cells
     WHERE xv IS NOT NULL AND coalesce(len(vals), 0) > 0
