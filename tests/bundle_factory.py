@@ -82,7 +82,9 @@ def make_bundle(
     run_dir = key.directory(results)
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {**DEFAULT_PARAMS, **(params or {})}
-    env_id = f"{resolved['framework']}-{resolved['variant']}-0123456789ab"
+    # a release (``version``) has an environment of its own, as the executors give it
+    release = f"-{resolved['version']}" if resolved.get("version") else ""
+    env_id = f"{resolved['framework']}-{resolved['variant']}{release}-0123456789ab"
     write_json_atomic(run_dir / SPEC, {
         "schema_version": SCHEMA_VERSION, "sweep": sweep, "cell_id": cell_id,
         "repeat": repeat, "attempt": attempt, "env_id": env_id,

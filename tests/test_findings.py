@@ -806,3 +806,24 @@ def test_a_warehouse_of_schema_3_gains_the_study_tables(tmp_path: Path) -> None:
     (row,) = query(path, "SELECT verdict, observed, cell_id FROM findings")
     assert row == {"verdict": "not enough data", "cell_id": "c1",
                    "observed": "no threads above the host's 2 CPUs (have: 1 thread)"}
+
+
+def test_a_release_is_an_x_whose_cells_differ_in_their_environment(tmp_path: Path) -> None:
+    """``version`` changes the environment (each release has its own): the cells of two releases
+    are one configuration of an ``option`` check on version, as two variants are."""
+    results = tmp_path / "results"
+    cells = [_cell(results, "rel-old", {"version": "1.13.1"}, throughput=[100, 101, 102, 103]),
+             _cell(results, "rel-new", {"version": "2.13.0"}, throughput=[120, 121, 122, 123])]
+    path = tmp_path / "w.duckdb"
+    ingest([results], warehouse=path)
+    envs = {r["env_id"] for r in query(path, "SELECT env_id FROM runs")}
+    assert envs == {"torch-cpu-1.13.1-0123456789ab", "torch-cpu-2.13.0-0123456789ab"}
+    with open_warehouse(path) as wh:
+        register_study(wh.con, _study("releases", [{
+            "id": "newest-faster", "claim": "The newest release is faster", "cite": "matrun's own",
+            "check": "option", "x": "version", "value": "2.13.0", "ref": "1.13.1", "metric": "throughput",
+            "expect": "increases"}]), profile=None, matrix="studies/releases.toml", cell_ids=cells)
+    rows = rows_of(path, "releases", "newest-faster")
+    assert len(rows) == 1 and rows[0]["verdict"] == "reproduced", rows
+    assert (rows[0]["cell_id"], rows[0]["ref_cell_id"]) == ("rel-new", "rel-old")
+    assert rows[0]["ratio"] == pytest.approx(121.5 / 101.5)
