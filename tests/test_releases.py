@@ -20,6 +20,8 @@ from matrun.runner.environments import releases, venvs
 from matrun.runner.environments.releases import (
     env_variant, lock_for, nearest, pip_failure, pip_report, split_variant,
 )
+from matrun.runner.environments.contexts import images_needed, prepare_context, recipe_hash
+from matrun.runner.environments.probes import variant_promises
 from matrun.runner.executors.docker import DockerExecutor
 from matrun.runner.executors.local import LocalExecutor
 from matrun.runner.planning.identity import plan_cells
@@ -205,10 +207,26 @@ def test_a_build_that_fails_half_way_leaves_nothing_used_and_keeps_its_reason(ho
     assert "HASH" in reason.upper()
 
 
-def test_the_docker_executor_refuses_a_release_cell_by_name(tmp_path):
-    m = load_matrix(write(tmp_path, '[fixed]\nversion = "2.4.1"\n'))
-    reason = DockerExecutor().refusal(m.cells[0].values)
-    assert reason and 'version = "2.4.1"' in reason and "--executor local" in reason
+def test_a_release_image_is_built_from_the_lock_by_the_variants_own_dockerfile(tmp_path, home):
+    """The image recipe of a release: the variant's Dockerfile, the release's request in the
+    recipe hash (the docker env id, known without the index), the lock in the context under
+    the variant's requirements name, a tag without '@', the release as a label and promise."""
+    lock = lock_for("jax", "cpu", "0.4.30", resolver=lambda r: report(("jax", "0.4.30"), ("jaxlib", "0.4.30")))
+    docker = DockerExecutor()
+    assert docker.env_id("jax", "cpu@0.4.30").startswith("jax-cpu-0.4.30-")
+    assert docker.env_id("jax", "cpu@0.4.30") != docker.env_id("jax", "cpu@0.5.3") != docker.env_id("jax", "cpu")
+    assert recipe_hash("jax", "cpu@0.4.30") != recipe_hash("jax", "cpu")
+    ctx = prepare_context("jax", "cpu@0.4.30", dest=tmp_path / "ctx", base_image="matrun-base:bookworm",
+                          base_image_id="sha256:" + "1" * 64)
+    assert (tmp_path / "ctx" / "requirements-cpu.txt").read_text() == lock.text
+    assert ctx.pins == {"jax": "0.4.30", "jaxlib": "0.4.30"} and ctx.tag.startswith("matrun/jax:cpu-0.4.30-")
+    labels = ctx.labels()
+    assert labels["org.matrun.variant"] == "cpu" and labels["org.matrun.release"] == "0.4.30"
+    assert variant_promises("jax", "cpu@0.4.30")[True]["framework_version"] == "0.4.30"
+    assert variant_promises("jax", "cpu")[True]["framework_version"] == "0.10.2"
+    m = load_matrix(write(tmp_path, '[fixed]\nframework = "jax"\n[axes]\nversion = ["0.4.30", ""]\n'))
+    assert images_needed(m.cells) == [("jax", "cpu@0.4.30"), ("jax", "cpu")]
+    assert docker.refusal(m.cells[0].values) is None
 
 
 def test_every_run_of_a_release_environment_records_its_lock(home):

@@ -32,6 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from matrun.runner.environments.releases import env_variant, lock_for, requirements_of, split_variant
 from matrun.errors import InputError
 from matrun.frameworks import Variant, get_framework, load_framework
 
@@ -69,12 +70,15 @@ class BuildContext:
 
     @property
     def tag(self) -> str:
-        return f"{image_repository(self.framework)}:{self.variant}-{self.content_hash[:12]}"
+        # a release (``cpu@2.4.1``) tags as cpu-2.4.1-…: a tag has no '@'
+        return f"{image_repository(self.framework)}:{self.variant.replace('@', '-')}-{self.content_hash[:12]}"
 
     def labels(self) -> dict[str, str]:
+        variant, release = split_variant(self.variant)
         labels = {
             f"{LABEL}.framework": self.framework,
-            f"{LABEL}.variant": self.variant,
+            f"{LABEL}.variant": variant,
+            **({f"{LABEL}.release": release} if release else {}),
             f"{LABEL}.content-hash": self.content_hash,
             f"{LABEL}.base-image": self.base_image,
             f"{LABEL}.wheels": " ".join(self.wheels),
@@ -96,14 +100,16 @@ def images_needed(cells: Iterable[Any]) -> list[tuple[str, str]]:
     seen: dict[tuple[str, str], None] = {}
     for cell in cells:
         values = cell if isinstance(cell, Mapping) else getattr(cell, "params", None) or cell.values
-        seen.setdefault((values["framework"], values["variant"]), None)
+        seen.setdefault((values["framework"], env_variant(values)), None)  # a release: variant@version
     return list(seen)
 
 
 def variant_of(framework: str, variant: str, images_dir: Path | None = None) -> Variant:
     """How a framework variant is built: ``[variants.<variant>]`` of its framework.toml (the
     package's, or ``images_dir``'s own); a folder without a framework.toml builds
-    ``Dockerfile.<variant>`` from ``requirements-<variant>.txt``."""
+    ``Dockerfile.<variant>`` from ``requirements-<variant>.txt``.  A release (``cpu@2.4.1``)
+    is built as its variant is."""
+    variant = split_variant(variant)[0]
     if images_dir is None:
         return get_framework(framework).variant(variant)
     found = load_framework(images_dir / framework)
@@ -125,7 +131,9 @@ def build_args_of(var: Variant) -> dict[str, str]:
 
 def image_sources(framework: str, variant: str, images_dir: Path | None = None) -> tuple[Path, Path | None]:
     """The Dockerfile and the pip requirements (None: an image-only variant) of a framework
-    variant, as ``[variants.<variant>]`` of its framework.toml names them."""
+    variant, as ``[variants.<variant>]`` of its framework.toml names them (a release's image
+    installs the release's lock in their place: ``prepare_context``)."""
+    variant = split_variant(variant)[0]
     var = variant_of(framework, variant, images_dir)
     root = images_dir or Path(str(resources.files("matrun.images")))
     folder = root / framework
@@ -143,8 +151,13 @@ def recipe_hash(framework: str, variant: str, images_dir: Path | None = None) ->
     changes when the recipe does, before anything is built; the image's tag hashes more
     (the base image's ID and the wheels actually used)."""
     var = variant_of(framework, variant, images_dir)
-    dockerfile, requirements = image_sources(framework, variant, images_dir)
-    digest = hashlib.sha256(f"matrun-recipe {CONTEXT_PROTOCOL}\n{framework}\n{variant}\n".encode())
+    base, release = split_variant(variant)
+    dockerfile, requirements = image_sources(framework, base, images_dir)
+    digest = hashlib.sha256(f"matrun-recipe {CONTEXT_PROTOCOL}\n{framework}\n{base}\n".encode())
+    if release:  # the release's request stands for the pins (its lock is resolved at build time)
+        digest.update(f"release {release}\n".encode())
+        digest.update("".join(f"requires {r}\n" for r in requirements_of(framework, base, release)).encode())
+        requirements = None
     for path in filter(None, (dockerfile, requirements)):
         digest.update(f"{path.name}\0{_file_digest(path)}\n".encode())
     for name, value in sorted(build_args_of(var).items()):
@@ -215,15 +228,21 @@ def _file_digest(path: Path) -> str:
 def prepare_context(framework: str, variant: str, *, dest: Path, base_image: str, base_image_id: str,
                     images_dir: Path | None = None, wheelhouse: Path | None = None,
                     ca_bundle: Path | None = None) -> BuildContext:
-    """Assemble the build context in ``dest`` (created) and hash it."""
+    """Assemble the build context in ``dest`` (created) and hash it.  A release (``cpu@2.4.1``):
+    the release's lock (resolved once, releases.py) under the variant's requirements name, so
+    the variant's Dockerfile installs exactly it (pip checks every hash of a hashed file)."""
     var = variant_of(framework, variant, images_dir)
-    dockerfile, requirements = image_sources(framework, variant, images_dir)
-    pins = parse_pins(requirements.read_text(encoding="utf-8")) if requirements else {}
+    base, release = split_variant(variant)
+    dockerfile, requirements = image_sources(framework, base, images_dir)
+    text = requirements.read_text(encoding="utf-8") if requirements else None
+    if release and requirements is not None:
+        text = lock_for(framework, base, release).text
+    pins = parse_pins(text) if text is not None else {}
     wheels = select_wheels(wheelhouse, pins, device=var.device)
     (dest / WHEELS).mkdir(parents=True)
     shutil.copyfile(dockerfile, dest / dockerfile.name)
     if requirements is not None:
-        shutil.copyfile(requirements, dest / requirements.name)
+        (dest / requirements.name).write_text(text, encoding="utf-8")
     for wheel in wheels:
         shutil.copyfile(wheel, dest / WHEELS / wheel.name)
     if ca_bundle is not None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from matrun.errors import EnvironmentBuildError
 from matrun.frameworks import frameworks, get_framework
 from matrun.runner.environments.contexts import LABEL, variant_of
+from matrun.runner.environments.releases import split_variant
 from matrun.runner.environments.home import HARNESS_MOUNT, stage_harness
 from matrun.runner.planning.params import PARAMS
 
@@ -63,7 +64,8 @@ print({PROBE_MARK!r} + json.dumps(fields, default=str))
 def probe_params(framework: str, variant: str, *, onednn: bool = True) -> dict[str, Any]:
     """Every cell parameter at its default, for this framework variant on the CPU."""
     params = {name: param.default for name, param in PARAMS.items()}
-    params.update(framework=framework, variant=variant, device="cpu", onednn=onednn)
+    base, release = split_variant(variant)  # a release's image: its variant, and version
+    params.update(framework=framework, variant=base, version=release, device="cpu", onednn=onednn)
     return params
 
 
@@ -282,11 +284,15 @@ def _onednn_built_in(in_force: Mapping[str, Any], libs: list[dict[str, Any]]) ->
 # --- promises --------------------------------------------------------------------------
 
 def variant_promises(framework: str, variant: str, images_dir: Path | None = None) -> dict[bool, Mapping[str, str]]:
-    """What the probe must find, by oneDNN setting (``True``: on), from framework.toml."""
+    """What the probe must find, by oneDNN setting (``True``: on), from framework.toml; a
+    release's image (``cpu@2.4.1``) promises that release instead of the pins' version."""
     var = variant_of(framework, variant, images_dir)
     found: dict[bool, Mapping[str, str]] = {True: var.promises}
     if var.promises_onednn_off:
         found[False] = var.promises_onednn_off
+    release = split_variant(variant)[1]
+    if release:
+        found = {k: {**v, "framework_version": release} for k, v in found.items()}
     return found
 
 

@@ -53,7 +53,7 @@ from matrun.frameworks import get_framework
 from matrun.runner.environments.engine import EngineUnavailable, connect, engine_url
 from matrun.runner.environments.contexts import LABEL as IMAGE_LABEL, image_repository, recipe_hash
 from matrun.runner.environments.home import HARNESS_MOUNT, matrun_home, stage_harness
-from matrun.runner.environments.releases import split_variant
+from matrun.runner.environments.releases import env_variant, split_variant
 from matrun.runner.executors.local import LEASE_FD, cell_environment, harness_command
 from matrun.runner.executors.energy import EnergyMonitor, MonitorPair
 from matrun.runner.executors.monitor_cgroup import CgroupMonitor
@@ -422,8 +422,9 @@ class DockerExecutor(SyncExecutor):
             if tag:
                 found = self.client.images.get(tag)
             else:
-                labels = [f"{IMAGE_LABEL}.framework={framework}", f"{IMAGE_LABEL}.variant={variant}",
-                          f"{IMAGE_LABEL}.recipe-hash={recipe}"]
+                base, release = split_variant(variant)
+                labels = [f"{IMAGE_LABEL}.framework={framework}", f"{IMAGE_LABEL}.variant={base}",
+                          f"{IMAGE_LABEL}.recipe-hash={recipe}", *([f"{IMAGE_LABEL}.release={release}"] if release else [])]
                 candidates = self.client.images.list(filters={"label": labels})
                 if not candidates:
                     raise docker.errors.ImageNotFound(f"{framework}:{variant}")
@@ -452,10 +453,8 @@ class DockerExecutor(SyncExecutor):
     def env_id(self, framework: str, variant: str) -> str:
         """The recipe (Dockerfile, pins, build arguments), known before any build: editing a
         recipe gives new cell ids; the exact image a run used is on the run (``image``)."""
-        variant, release = split_variant(variant)
-        if release:  # refused below (``refusal``): no image per release yet
-            return f"{framework}-{variant}-{release}-{recipe_hash(framework, variant)[:12]}"
-        return f"{framework}-{variant}-{recipe_hash(framework, variant)[:12]}"
+        base, release = split_variant(variant)  # a release: cpu@2.4.1, its recipe the release's request
+        return f"{framework}-{base}-{release + '-' if release else ''}{recipe_hash(framework, variant)[:12]}"
 
     def prepare(self, envs: set[tuple[str, str]], *, log: Callable[[str], None]) -> None:
         for framework, variant in sorted(envs):
@@ -466,10 +465,6 @@ class DockerExecutor(SyncExecutor):
     def refusal(self, params: Mapping[str, Any]) -> str | None:
         """Why this executor cannot run the cell (``nodes`` > 1: one container on one host), or
         None; the sweep asks before anything runs."""
-        if params.get("version"):
-            return (f"version = \"{params['version']}\": the docker executor has no image per release yet; "
-                    "release cells run in matrun's environments: --executor local (under Slurm: [slurm] "
-                    "runtime = \"local\"); docs/RELEASES.md")
         return host_refusal(params, self.name)
 
     # --- one cell ------------------------------------------------------------------------------
@@ -488,7 +483,7 @@ class DockerExecutor(SyncExecutor):
         refused = self.refusal(params)
         if refused:
             return DockerRunOutcome(**vars(refused_outcome(run_dir, refused, datetime.now(timezone.utc))))
-        ref = self.image(params["framework"], params["variant"])
+        ref = self.image(params["framework"], env_variant(params))
         owner = run_dir.stat()
         user = cell_user(run_dir)
         if user == f"{NOBODY}:{NOBODY}":  # a root-owned bundle: let nobody write into this run only
