@@ -26,7 +26,10 @@ from matrun.runner.executors.docker import DockerExecutor
 from matrun.runner.executors.local import LocalExecutor
 from matrun.runner.planning.identity import plan_cells
 from matrun.runner.planning.matrix import load_matrix
-from matrun.runner.sweep.records import _release_record
+from matrun.runner.executors.docker import ImageRef
+from matrun.runner.executors.protocol import RunOutcome
+from matrun.warehouse.bundles.layout import RunKey
+from matrun.runner.sweep.records import _release_record, write_result
 
 MATRUN = [str(Path(sys.executable).with_name("matrun"))]
 SHA = "ab" * 32
@@ -222,6 +225,7 @@ def test_a_release_image_is_built_from_the_lock_by_the_variants_own_dockerfile(t
     assert ctx.pins == {"jax": "0.4.30", "jaxlib": "0.4.30"} and ctx.tag.startswith("matrun/jax:cpu-0.4.30-")
     labels = ctx.labels()
     assert labels["org.matrun.variant"] == "cpu" and labels["org.matrun.release"] == "0.4.30"
+    assert labels["org.matrun.lock"] == lock.text
     assert variant_promises("jax", "cpu@0.4.30")[True]["framework_version"] == "0.4.30"
     assert variant_promises("jax", "cpu")[True]["framework_version"] == "0.10.2"
     m = load_matrix(write(tmp_path, '[fixed]\nframework = "jax"\n[axes]\nversion = ["0.4.30", ""]\n'))
@@ -237,6 +241,17 @@ def test_every_run_of_a_release_environment_records_its_lock(home):
     assert _release_record("torch-cpu-2.4.1-abc") == {"release": {
         "version": "2.4.1", "framework_version": "2.4.1+cu121", "lock": f"torch==2.4.1 --hash=sha256:{SHA}\n"}}
     assert _release_record("torch-cpu-58e8c84218f2") == {}
+
+
+def test_a_run_in_a_release_image_records_the_images_lock(tmp_path):
+    ref = ImageRef("matrun/jax:cpu-0.4.30-4f8ea79eeca2", "sha256:" + "2" * 64, (), "c" * 64, (),
+                   release="0.4.30", lock=f"jax==0.4.30 --hash=sha256:{SHA}\n")
+    outcome = RunOutcome("ok", 0, "", "2026-11-29T00:00:00+00:00", "2026-11-29T00:00:05+00:00", 5.0,
+                         image=ref.as_record())
+    write_result(RunKey("s", "c" * 16, 0, 1), tmp_path, "jax-cpu-0.4.30-4cf717067c95", "docker", None, outcome)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["release"] == {"version": "0.4.30", "lock": f"jax==0.4.30 --hash=sha256:{SHA}\n"}
+    assert result["image"]["tag"] == ref.tag and "release" not in result["image"]
 
 
 def test_the_local_executor_plans_a_release_cell_in_its_own_environment(tmp_path, home, monkeypatch):

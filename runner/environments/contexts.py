@@ -67,6 +67,7 @@ class BuildContext:
     base_image: str
     recipe_hash: str = ""
     build_args: Mapping[str, str] = field(default_factory=dict)
+    lock: str = ""  # a release's image: the lock it installs (a label: every run records it)
 
     @property
     def tag(self) -> str:
@@ -78,7 +79,7 @@ class BuildContext:
         labels = {
             f"{LABEL}.framework": self.framework,
             f"{LABEL}.variant": variant,
-            **({f"{LABEL}.release": release} if release else {}),
+            **({f"{LABEL}.release": release, f"{LABEL}.lock": self.lock} if release else {}),
             f"{LABEL}.content-hash": self.content_hash,
             f"{LABEL}.base-image": self.base_image,
             f"{LABEL}.wheels": " ".join(self.wheels),
@@ -256,4 +257,5 @@ def prepare_context(framework: str, variant: str, *, dest: Path, base_image: str
     for path in sorted(p for p in dest.rglob("*") if p.is_file() and p.name != CA_BUNDLE):
         digest.update(f"{path.relative_to(dest).as_posix()}\0{_file_digest(path)}\n".encode())
     return BuildContext(framework, variant, dest, dockerfile.name, digest.hexdigest(), pins,
-                        tuple(w.name for w in wheels), base_image, recipe, build_args_of(var))
+                        tuple(w.name for w in wheels), base_image, recipe, build_args_of(var),
+                        text if release and text is not None else "")

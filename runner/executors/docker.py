@@ -102,10 +102,15 @@ class ImageRef:
     repo_digests: tuple[str, ...]
     content_hash: str
     env: tuple[str, ...]  # the image's own environment, KEY=VALUE
+    release: str = ""  # a release's image (labels release and lock): what it installed
+    lock: str = ""
 
     def as_record(self) -> dict[str, Any]:
-        return {"tag": self.tag, "id": self.image_id, "repo_digests": list(self.repo_digests),
-                "content_hash": self.content_hash}
+        record = {"tag": self.tag, "id": self.image_id, "repo_digests": list(self.repo_digests),
+                  "content_hash": self.content_hash}
+        if self.release:  # result.json keeps it as ``release`` (records.py), as a venv's
+            record["release"] = {"version": self.release, "lock": self.lock}
+        return record
 
 
 @dataclass(frozen=True)
@@ -448,7 +453,8 @@ class DockerExecutor(SyncExecutor):
         return ImageRef(tag=tag or (tags[0] if tags else found.id), image_id=found.id,
                         repo_digests=tuple(attrs.get("RepoDigests") or ()),
                         content_hash=labels.get(f"{IMAGE_LABEL}.content-hash", ""),
-                        env=tuple((attrs.get("Config") or {}).get("Env") or ()))
+                        env=tuple((attrs.get("Config") or {}).get("Env") or ()),
+                        release=labels.get(f"{IMAGE_LABEL}.release", ""), lock=labels.get(f"{IMAGE_LABEL}.lock", ""))
 
     def env_id(self, framework: str, variant: str) -> str:
         """The recipe (Dockerfile, pins, build arguments), known before any build: editing a

@@ -289,6 +289,8 @@ def write_result(key: RunKey, run_dir: Path, env_id: str, executor: str,
                  host: dict[str, Any] | None, outcome: RunOutcome, design: dict[str, Any] | None = None) -> None:
     """``result.json``, last and atomically (also written by Slurm tasks and for runs Slurm ended).
     ``design``: an adaptive sweep's design (runner/sweep/adaptive.py ``design_record``)."""
+    image = dict(outcome.image) if outcome.image else None
+    release = _release_record(env_id) or ({"release": image.pop("release")} if image and "release" in image else {})
     write_json_atomic(run_dir / RESULT, {
         "schema_version": SCHEMA_VERSION, "sweep": key.sweep, "cell_id": key.cell_id,
         "repeat": key.repeat, "attempt": key.attempt, "env_id": env_id, "executor": executor,
@@ -296,9 +298,9 @@ def write_result(key: RunKey, run_dir: Path, env_id: str, executor: str,
         "started_at": outcome.started_at, "ended_at": outcome.ended_at,
         "wall_seconds": outcome.wall_seconds, "host": host, "monitor": outcome.monitor,
         # The image the cell ran in (docker runtime): tag, ID, repo digests, content hash.
-        "image": outcome.image or None,
+        "image": image,
         **({"design": design} if design else {}),
-        **_release_record(env_id),
+        **release,
     })
 
 
