@@ -195,3 +195,17 @@ def test_the_report_has_a_page_across_releases_with_a_figure_per_framework(wareh
     assert "releases.html" in index.read_text()  # in the site's navigation
     one = build_report(warehouse=warehouse, out_dir=tmp_path / "one", sweep="d1")
     assert not (one.parent / "releases.html").exists()  # cifar10: one release, no history
+
+
+def test_a_release_cell_and_the_pins_cell_of_one_workload_share_a_history(tmp_path: Path):
+    """A cell's ``version`` is its release; a cell without one (``version = ""``, today's pins)
+    is the release its probe found: both are one workload, in release order."""
+    results = tmp_path / "results"
+    params = {"threads": 2, "model": "resnet18"}
+    _point(results, "rel", "1.13.1", {**params, "version": "1.13.1"}, [80, 81, 82, 83, 84])
+    _point(results, "rel", "2.13.0+cpu", {**params, "version": ""}, [100, 101, 102, 103, 104])
+    path = tmp_path / "w.duckdb"
+    assert not ingest([results], warehouse=path).skipped
+    points = history(warehouse=path).points
+    assert [(p["point"], p["n"]) for p in points] == [("1.13.1", 5), ("2.13.0+cpu", 5)]
+    assert len({p["workload"] for p in points}) == 1 and points[1]["verdict"] == "faster"

@@ -62,7 +62,7 @@ _SQL = """
 WITH x AS (
     SELECT r.run_id, r.sweep, r.cell_id, r."repeat", r.env_id, r.started_at,
         r.params ->> 'framework' AS framework,
-        coalesce(r.params ->> 'version', r.probe ->> 'framework_version') AS release,
+        coalesce(nullif(r.params ->> 'version', ''), r.probe ->> 'framework_version') AS release,
         params_key(json_merge_patch(r.params, '{"timeout": null, "onednn_check": null, "version": null}'),
                    []::VARCHAR[]) AS workload,
         json_merge_patch(r.params, '{"timeout": null, "onednn_check": null, "version": null}') AS params,
