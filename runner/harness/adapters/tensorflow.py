@@ -127,6 +127,10 @@ def configure(params: dict[str, Any]) -> None:
     import tensorflow
     import keras as keras_module
 
+    if keras_module.__version__.split(".")[0] == "2":
+        # Keras 2 (TensorFlow 2.12-2.15, a cell's ``version``): its API is tf.keras; the top-level
+        # package's optimizers are the legacy ones there (no ``build``)
+        keras_module = tensorflow.keras
     tf, keras = tensorflow, keras_module
     global _MULTI_WORKER
     if distributed.current().distributed and _MULTI_WORKER is None:
