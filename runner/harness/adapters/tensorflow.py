@@ -73,7 +73,8 @@ DATASET_SHAPES = {"fashion-mnist": ((1, 28, 28), 10), "mnist": ((1, 28, 28), 10)
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 tf: Any = None     # tensorflow, imported by configure() after the environment switches
-keras: Any = None  # keras 3 (TensorFlow backend)
+keras: Any = None  # keras 3 (TensorFlow backend), or tf.keras of Keras 2 (TensorFlow 2.12-2.15)
+KERAS_VERSION = ""  # the keras package's own version
 _MULTI_WORKER: Any = None  # the MultiWorkerMirroredStrategy of a multi-worker cell (configure)
 EXCHANGE_PROBE_ROUNDS = 8
 
@@ -115,7 +116,7 @@ def check(params: dict[str, Any]) -> str | None:
 
 def configure(params: dict[str, Any]) -> None:
     """Environment switches, then the import, then threads (before any op), seed, precision."""
-    global tf, keras
+    global tf, keras, KERAS_VERSION
     os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if params["onednn"] else "0"
     if params["threads"] != "unset":
         os.environ["TF_NUM_INTRAOP_THREADS"] = str(params["threads"])
@@ -127,7 +128,8 @@ def configure(params: dict[str, Any]) -> None:
     import tensorflow
     import keras as keras_module
 
-    if keras_module.__version__.split(".")[0] == "2":
+    KERAS_VERSION = str(keras_module.__version__)  # tf.keras of Keras 2.15 has no __version__
+    if KERAS_VERSION.split(".")[0] == "2":
         # Keras 2 (TensorFlow 2.12-2.15, a cell's ``version``): its API is tf.keras; the top-level
         # package's optimizers are the legacy ones there (no ``build``)
         keras_module = tensorflow.keras
@@ -184,7 +186,7 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
         "precision_policy": keras.mixed_precision.global_policy().name,
         "tensor_float_32": bool(tf.config.experimental.tensor_float_32_execution_enabled()) if gpus else None,
         "cudnn_autotune": os.environ.get("TF_CUDNN_USE_AUTOTUNE") if gpus else None,
-        "keras_version": keras.__version__,
+        "keras_version": KERAS_VERSION,
         "keras_backend": keras.backend.backend(),
         "thread_census": census,
         # graph: tf.function (TensorFlow's default); compiled: tf.function(jit_compile=True), XLA;
@@ -219,7 +221,7 @@ def probe(params: dict[str, Any]) -> dict[str, Any]:
     return {
         "framework_version": tf.__version__,
         "build": f"tensorflow {tf.__version__} (git {tf.version.GIT_VERSION}, compiler {tf.version.COMPILER_VERSION}); "
-                 f"{build_text}; keras {keras.__version__}",
+                 f"{build_text}; keras {KERAS_VERSION}",
         "in_force": in_force,
         "mismatches": mismatches,
     }
@@ -612,6 +614,30 @@ def make_optimizer(params: dict[str, Any]) -> Any:
     return opt
 
 
+def _keras2() -> bool:
+    """Keras 2 (TensorFlow 2.12-2.15 through tf.keras, a cell's ``version``), not Keras 3."""
+    return KERAS_VERSION.split(".")[0] == "2"
+
+
+def _scale_loss(optimizer: Any, loss: Any) -> Any:
+    """The loss the gradients are taken of: scaled by an fp16 loss-scale optimizer (Keras 3's
+    ``scale_loss``; Keras 2's ``get_scaled_loss``), else itself."""
+    if not _keras2():
+        return optimizer.scale_loss(loss)
+    return optimizer.get_scaled_loss(loss) if hasattr(optimizer, "get_scaled_loss") else loss
+
+
+def _apply_gradients(optimizer: Any, grads: list[Any], variables: list[Any]) -> None:
+    """One update (Keras 3's ``apply``, which unscales; Keras 2's ``apply_gradients``, after
+    ``get_unscaled_gradients`` for a loss-scale optimizer)."""
+    if not _keras2():
+        optimizer.apply(grads, variables)
+        return
+    if hasattr(optimizer, "get_unscaled_gradients"):
+        grads = optimizer.get_unscaled_gradients(grads)
+    optimizer.apply_gradients(zip(grads, variables))
+
+
 def _signature(shape: tuple[int, ...], layout: str | None) -> Any:
     """The inputs' spec: images (NCHW unless the layout is NHWC), or token ids (batch, T)."""
     if len(shape) == 1:
@@ -661,12 +687,12 @@ def train_step(model: Any, optimizer: Any, weight_decay: float, shape: tuple[int
             if weight_decay:
                 l2 = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables])
                 loss = loss + 0.5 * weight_decay * l2 / replicas
-            scaled = optimizer.scale_loss(loss)
+            scaled = _scale_loss(optimizer, loss)
         if input_gradient:
             *grads, x_grad = tape.gradient(scaled, [*variables, x])
         else:
             grads = tape.gradient(scaled, variables)
-        optimizer.apply(grads, variables)
+        _apply_gradients(optimizer, grads, variables)
         correct = tf.reduce_sum(_per_sample(tf.cast(tf.equal(tf.argmax(logits, axis=-1), y), tf.float32)))
         if input_gradient:
             return loss_sum, correct, tf.cast(tf.reduce_any(tf.not_equal(x_grad, 0)), tf.int64)
