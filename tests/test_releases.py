@@ -187,7 +187,7 @@ def test_pips_failure_text_is_read_into_one_sentence():
 
 
 def test_matrun_plan_refuses_a_release_the_index_does_not_have(tmp_path, home):
-    path = write(tmp_path, '[fixed]\nthreads = 1\n[axes]\nversion = ["2.4.1", "2.4.7"]\n')
+    path = write(tmp_path, '[fixed]\nthreads = 1\n[axes]\nversion = ["2.4.7", ""]\n')
     proc = subprocess.run([*MATRUN, "plan", str(path)], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Error:" in proc.stderr and 'version "2.4.7"' in proc.stderr and "nearest" in proc.stderr
