@@ -13,6 +13,7 @@ Modules:
 - ``shell``: ``shell`` (the DuckDB client on the warehouse, read-only);
 - ``environments``: ``envs``, ``build``, ``images`` and the ``engine`` group;
 - ``analysis``: ``compare``, ``advise``;
+- ``bisect``: ``bisect`` (the release where a workload became slower);
 - ``data``: the ``data`` group (``import``, ``list``);
 - ``slurm``: the ``slurm`` group (a local test cluster);
 - ``main``: the entry point: imports every command module, ``main()``.
