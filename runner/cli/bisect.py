@@ -69,8 +69,7 @@ def bisect(
         if not RELEASE.match(value):
             raise InputError(f'{option}: expected a release such as "2.4.1", got {value!r}')
     overrides = {k: v for k, v in parse_overrides(sets).items() if k != "version"}
-    workload, matrix_doc = _workload(matrix, profile, where, overrides)
-    label = workload.pop("_label")
+    workload, label, matrix_doc = _workload(matrix, profile, where, overrides)
     framework = workload["framework"]
     _release_cell(matrix, profile, workload, good, executor)  # refused now, not after a run, if it cannot plan
     releases = bis.releases_between(offered_releases(framework), good, bad)
@@ -125,9 +124,9 @@ def _nan(value: Any) -> Any:
 
 
 def _workload(matrix: Path, profile: str | None, where: list[str],
-              overrides: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+              overrides: dict[str, Any]) -> tuple[dict[str, Any], str, Any]:
     """The one workload bisect measures: the parameters of the selected cells but ``version``
-    (which must be the same for all of them), and the matrix.  ``InputError`` when the selection
+    (which must be the same for all of them), its label and the matrix.  ``InputError`` when the selection
     holds no cell or more than one workload."""
     m = load_matrix(matrix, profile, overrides)
     wanted = parse_where(where)
@@ -147,7 +146,7 @@ def _workload(matrix: Path, profile: str | None, where: list[str],
                          f"cells selected ({labels}{' …' if len(chosen) > 5 else ''}); narrow them with "
                          "--where KEY=VALUE or --set KEY=VALUE")
     label = " ".join(p for p in chosen[0].label.split() if not p.startswith("version=")) or chosen[0].values["framework"]
-    return {**next(iter(workloads.values())), "_label": label}, m
+    return next(iter(workloads.values())), label, m
 
 
 def _release_cell(matrix: Path, profile: str | None, workload: dict[str, Any], release: str, executor: str) -> Any:

@@ -32,7 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from matrun.runner.environments.releases import env_variant, lock_for, requirements_of, split_variant
+from matrun.runner.environments.releases import env_variant, lock_for, project_name, requirements_of, split_variant
 from matrun.errors import InputError
 from matrun.frameworks import Variant, get_framework, load_framework
 
@@ -189,12 +189,8 @@ def parse_pins(requirements: str) -> dict[str, str]:
     for line in requirements.splitlines():
         match = _PIN.match(line.strip())
         if match:
-            pins[_normalise(match.group(1))] = match.group(2)
+            pins[project_name(match.group(1))] = match.group(2)
     return pins
-
-
-def _normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def select_wheels(wheelhouse: Path | None, pins: Mapping[str, str], *, device: str = "cpu") -> list[Path]:
@@ -209,7 +205,7 @@ def select_wheels(wheelhouse: Path | None, pins: Mapping[str, str], *, device: s
     chosen = []
     for wheel in sorted(wheelhouse.glob("*.whl")):
         name, version = wheel.name.split("-")[:2]
-        pinned = pins.get(_normalise(name))
+        pinned = pins.get(project_name(name))
         base, _, local = version.partition("+")
         if device == "gpu" and local == "cpu" and "+" not in (pinned or ""):
             continue

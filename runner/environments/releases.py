@@ -25,7 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -83,8 +83,8 @@ class Lock:
         return head + "".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in self.pins)
 
     def pinned(self, name: str) -> str | None:
-        wanted = _normalise(name)
-        return next((p.version for p in self.pins if _normalise(p.name) == wanted), None)
+        wanted = project_name(name)
+        return next((p.version for p in self.pins if project_name(p.name) == wanted), None)
 
     def as_json(self) -> dict:
         return {"format": LOCK_FORMAT, "framework": self.framework, "variant": self.variant,
@@ -93,7 +93,8 @@ class Lock:
                 "pins": [{"name": p.name, "version": p.version, "sha256": p.sha256} for p in self.pins]}
 
 
-def _normalise(name: str) -> str:
+def project_name(name: str) -> str:
+    """A project's name as the index compares names (PEP 503: ``Jinja2`` = ``jinja2``, ``_`` = ``-``)."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -168,7 +169,7 @@ def lock_for(framework: str, variant: str, version: str, *, relock: bool = False
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(lock.as_json(), indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, path)  # readers see the old lock or the new one, never half of one
-        return Lock(**{**lock.__dict__, "path": path})
+        return replace(lock, path=path)
 
 
 def check_releases(cells: Iterable[Mapping[str, Any]], *, log: Callable[[str], None] | None = None) -> None:
@@ -210,7 +211,7 @@ def _lock_from_report(framework: str, variant: str, version: str, requested: lis
         pins.append(Pin(meta["name"], meta["version"], hashes["sha256"]))
     if not pins:
         raise InputError("pip's resolution installs nothing")
-    pins.sort(key=lambda p: _normalise(p.name))
+    pins.sort(key=lambda p: project_name(p.name))
     return Lock(framework, variant, version, tuple(requested), tuple(pins), python_tag(), platform_tag(),
                 str(report.get("pip_version", "")))
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from matrun.errors import EnvironmentBuildError, InputError
 from matrun.frameworks import get_framework, release_key
 from matrun.runner.environments.home import HARNESS_PROTOCOL, matrun_home
-from matrun.runner.environments.releases import lock_for, requirements_of, split_variant
+from matrun.runner.environments.releases import lock_for, python_tag, requirements_of, split_variant
 
 MARKER = ".matrun-env.json"
 
@@ -48,7 +48,7 @@ class EnvSpec:
 
     @property
     def python_version(self) -> str:
-        return f"{sys.version_info.major}.{sys.version_info.minor}"
+        return python_tag()
 
     @property
     def env_id(self) -> str:
@@ -186,6 +186,20 @@ def _run(cmd: list[str], what: str, env: Env, environ: dict[str, str] | None = N
         raise EnvironmentBuildError(f"environment {env.spec.env_id}: could not {what} "
                                     f"(exit {proc.returncode}):\n{tail}")
     return proc.stdout
+
+
+def release_record(env_id: str) -> dict:
+    """What a release environment (a cell's ``version``) was built from, as every run of it
+    keeps it (``result.json`` ``release``: version, framework version, lock); {} for any other
+    environment or none built here."""
+    try:
+        marker = json.loads((matrun_home() / "envs" / env_id / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(marker, dict) or not marker.get("lock"):
+        return {}
+    return {"version": marker.get("release"), "framework_version": marker.get("framework_version"),
+            "lock": marker["lock"]}
 
 
 def list_envs() -> list[dict[str, str]]:

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from matrun.errors import InputError
 from matrun.frameworks import release_key
+from matrun.runner.environments.releases import nearest
 from matrun.runner.planning.sequential import ALPHA, p_value, ratio_interval
 
 
@@ -91,7 +92,6 @@ def releases_between(offered: list[str], good: str, bad: str) -> list[str]:
     """The offered releases from ``good`` to ``bad`` (either may be the newer), in that order;
     pre-releases only where an end is one.  ``InputError`` naming the option for an end the
     index does not offer, or for good = bad."""
-    from matrun.runner.environments.releases import nearest
     keys = {release_key(v): v for v in offered}
     for option, value in (("--good", good), ("--bad", bad)):
         if release_key(value) not in keys:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import platform
 import socket
@@ -33,6 +32,7 @@ import psutil
 
 import matrun
 from matrun.errors import InputError, MatrunError, SweepLocked
+from matrun.runner.environments.venvs import release_record
 from matrun.runner.executors.gpu import host_gpu_facts
 from matrun.runner.executors.protocol import RunOutcome
 from matrun.runner.harness.cpusets import parse_cpuset
@@ -306,16 +306,9 @@ def write_result(key: RunKey, run_dir: Path, env_id: str, executor: str,
 
 def _release_record(env_id: str) -> dict[str, Any]:
     """A release environment's lock (a cell's ``version``: runner/environments/releases.py),
-    kept with every run of it as ``release``: {version, lock}; nothing for other environments."""
-    from matrun.runner.environments.home import matrun_home
-    try:
-        marker = json.loads((matrun_home() / "envs" / env_id / ".matrun-env.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(marker, dict) or not marker.get("lock"):
-        return {}
-    return {"release": {"version": marker.get("release"), "framework_version": marker.get("framework_version"),
-                        "lock": marker["lock"]}}
+    kept with every run of it as ``release``; nothing for other environments."""
+    found = release_record(env_id)
+    return {"release": found} if found else {}
 
 
 def ingest_quietly(paths: list[Path], warehouse: Path, summary: SweepSummary) -> Any:
