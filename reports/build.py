@@ -26,6 +26,7 @@ from matrun.reports.shape import choose_run, mask_frame, monitor_runs
 from matrun.reports.site import INDEX, MAX_MONITOR_RUNS, render_site
 from matrun.warehouse.db import open_warehouse
 from matrun.warehouse.history import read_history
+from matrun.warehouse.tunings import read_tunings
 
 MAX_MONITOR_POINTS = 500
 
@@ -86,6 +87,7 @@ def read_report_data(
         images=reads.read_images(con, sweep),
         catalogue=reads.read_catalogue(con),
         history=read_history(con, sweep=sweep),
+        tunings=[t for t in read_tunings(con) if sweep is None or t["sweep"] == sweep],
     )
 
 
@@ -111,6 +113,7 @@ def mask_report(report: ReportData) -> ReportData:
         catalogue=replace(report.catalogue, **{
             name: mask_frame(getattr(report.catalogue, name))
             for name in ("studies", "findings_declared", "cells", "findings")}),
+        tunings=[{**t, "matrix": Path(str(t["matrix"])).name} for t in report.tunings],
     )
 
 

@@ -141,6 +141,8 @@ class ReportData:
     history: History | None = None
     """Every workload of the report's sweep(s) across framework releases (``matrun history``'s
     throughput points); None when not read."""
+    tunings: list[dict[str, Any]] = field(default_factory=list)
+    """The tunings of ``matrun tune`` (warehouse/tunings.py ``read_tunings``), each with its trials."""
 
     def study(self, name: str) -> pl.DataFrame:
         """The rows of one study view (an empty frame when it was not read)."""

@@ -22,6 +22,7 @@ from matrun.reports import figures, sections
 from matrun.reports import study_figures as sf
 from matrun.reports import study_pages as sp
 from matrun.reports import study_sections as ss
+from matrun.reports import tune_pages as tp
 from matrun.reports.data import BASELINE_FLAG_COLUMNS, ReportData, cut_to_cells
 from matrun.reports.pages import Html, csv_text, figure, join, render_page, tag
 from matrun.reports.sections import section
@@ -659,8 +660,10 @@ def render_site(report: ReportData, *, sweep: str | None = None, source: str = "
     studies = sp.present_studies(report.catalogue.studies, report.catalogue.cells,
                                  runs.get_column("cell_id").to_list())
     study_pages = [(info, _catalogue_page(ctx, info)) for info in studies]
+    tunings = tp.pages_of(report.tunings)
     site_nav = [(INDEX, "Overview"), *[(info.file, info.id) for info in studies],
-                *[(spec.file, spec.nav) for spec, _ in present]]
+                *[(spec.file, spec.nav) for spec, _ in present],
+                *[(tp.page_file(t["tuning"]), f"tune {t['tuning'][:8]}") for t in tunings]]
     scope = f"sweep {sweep}" if sweep else (
         f"sweep {report.sweeps[0]}" if len(report.sweeps) == 1
         else f"{len(report.sweeps)} sweeps: {', '.join(report.sweeps)}")
@@ -677,6 +680,12 @@ def render_site(report: ReportData, *, sweep: str | None = None, source: str = "
             title=f"Study {info.id}: {info.title} — {title}", subtitle=subtitle, nav=body.anchors,
             body=body.body, generated=generated, site_nav=site_nav, current=info.file)
         files.update(body.csv)
+    for t in tunings:
+        body, anchors, csv = tp.tuning_body(t)
+        files[tp.page_file(t["tuning"])] = render_page(
+            title=f"Tuning {t['tuning']} — {title}", subtitle=subtitle, nav=anchors, body=body,
+            generated=generated, site_nav=site_nav, current=tp.page_file(t["tuning"]))
+        files.update(csv)
     index_body = _index_body(ctx, present, labels, studies)
     if studies:
         files[STUDY_FINDINGS_CSV] = sp.findings_csv(_present_findings(ctx, studies))

@@ -14,6 +14,7 @@ Modules:
 - ``environments``: ``envs``, ``build``, ``images`` and the ``engine`` group;
 - ``analysis``: ``compare``, ``advise``;
 - ``bisect``: ``bisect`` (the release where a workload became slower);
+- ``tune``: ``tune`` (the best configuration of a matrix's space, searched with Optuna);
 - ``data``: the ``data`` group (``import``, ``list``);
 - ``slurm``: the ``slurm`` group (a local test cluster);
 - ``main``: the entry point: imports every command module, ``main()``.

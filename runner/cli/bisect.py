@@ -81,7 +81,8 @@ def bisect(
     def measure(release: str) -> list[float] | str:
         try:
             run_sweep(matrix_path=matrix, executor=executor, on_event=display, profile=profile,
-                      overrides={**workload, "version": release}, repeats={"repeats": n})
+                      overrides={**workload, "version": release}, repeats={"repeats": n},
+                      register=False)
             cell = _release_cell(matrix, profile, workload, release, executor)
         except MatrunError as exc:
             return f"not measured: {exc}".splitlines()[0][:300]

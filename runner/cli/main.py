@@ -18,6 +18,7 @@ from matrun.runner.cli import data  # noqa: F401  the data group
 from matrun.runner.cli import environments  # noqa: F401  envs, build, images; the engine group
 from matrun.runner.cli import analysis  # noqa: F401  compare, advise
 from matrun.runner.cli import bisect  # noqa: F401  bisect
+from matrun.runner.cli import tune  # noqa: F401  tune
 from matrun.runner.cli import slurm  # noqa: F401  the slurm group
 from matrun.runner.cli import warehouse  # noqa: F401  the warehouse group
 # isort: on

@@ -46,14 +46,21 @@ def plan_cells(matrix: Matrix, env_id_of: Callable[[str, str], str]) -> list[Pla
     planned = []
     system_cells: set[str] = set()
     for cell in matrix.cells:
-        values = cell.values
-        if values["variant"] != SYSTEM_VARIANT:
-            env = env_id_of(values["framework"], env_variant(values))
-            planned.append(PlannedCell(cell, cell_id(cell.identity, env), env))
+        cid, env = identify(cell, env_id_of)
+        if cell.values["variant"] != SYSTEM_VARIANT:
+            planned.append(PlannedCell(cell, cid, env))
             continue
-        env = system_env_id(values["framework"], values["python"])
-        cid = cell_id(cell.identity, env)
         if cid not in system_cells:  # another path to an install already planned: the same cell
             system_cells.add(cid)
             planned.append(PlannedCell(cell, cid, env))
     return planned
+
+
+def identify(cell: CellParams, env_id_of: Callable[[str, str], str]) -> tuple[str, str]:
+    """(cell id, environment id) of one cell, as ``plan_cells`` gives them."""
+    values = cell.values
+    if values["variant"] != SYSTEM_VARIANT:
+        env = env_id_of(values["framework"], env_variant(values))
+    else:
+        env = system_env_id(values["framework"], values["python"])
+    return cell_id(cell.identity, env), env

@@ -164,6 +164,28 @@ class Matrix:
     """The ``--set`` values applied after the profile, parameter -> value as given."""
 
 
+@dataclass(frozen=True)
+class Space:
+    """A matrix's axes and zip groups as a search space, unexpanded (``load_space``)."""
+
+    path: Path
+    profile: str | None
+    overrides: Mapping[str, Any]
+    """The ``--set`` values the space was read with."""
+    sweep: SweepSettings
+    fixed: Mapping[str, Any]
+    axes: Mapping[str, tuple[Any, ...]]
+    zips: tuple[Mapping[str, tuple[Any, ...]], ...]
+    includes: int  # [[include]] rows (not part of the search: cells added beside the product)
+    excludes: int
+    study: bool
+
+    @property
+    def size(self) -> int:
+        """Combinations of the axes and zip groups, before ``[[exclude]]``."""
+        return math.prod(len(v) for v in self.axes.values()) * math.prod(_zip_len(dict(g)) for g in self.zips)
+
+
 class _Errors:
     """The problems found, each ``<file>: [<key path>] <message>``, on one line each: control
     characters are shown escaped and long keys cut, so that what the user wrote cannot break
@@ -206,6 +228,26 @@ def load_matrix(path: Path, profile: str | None = None, overrides: Mapping[str, 
     profile is named, then the ``overrides`` (``--set``: parameter -> value, as
     ``overrides.parse_overrides`` reads them; see ``apply_overrides``).  Raises
     ``MatrixError`` on any problem."""
+    return parse_matrix(read_matrix_doc(path), path=path.resolve(), profile=profile, overrides=overrides)
+
+
+def load_space(path: Path, profile: str | None = None, overrides: Mapping[str, Any] | None = None) -> Space:
+    """The matrix file's search space (``matrun tune``): every section read and checked as
+    ``load_matrix`` checks it, the profile and overrides applied, but no cell built — so a
+    space of 10^6 combinations, over ``[sweep] max_cells``, is read in milliseconds.  Each
+    combination becomes a cell through ``load_matrix`` with its values as overrides (the
+    ``[[exclude]]`` rules and the frameworks' refusals tested then).  Raises ``MatrixError``."""
+    doc = read_matrix_doc(path)
+    parts = _sections(doc, path=path.resolve(), profile=profile, overrides=overrides)
+    return Space(path=path.resolve(), profile=profile, overrides=MappingProxyType(dict(overrides or {})),
+                 sweep=parts.sweep, fixed=MappingProxyType(parts.fixed),
+                 axes=MappingProxyType({k: tuple(v) for k, v in parts.axes.items()}),
+                 zips=tuple(MappingProxyType({k: tuple(v) for k, v in g.items()}) for g in parts.zips),
+                 includes=len(parts.includes), excludes=len(parts.excludes), study=parts.study is not None)
+
+
+def read_matrix_doc(path: Path) -> dict[str, Any]:
+    """The matrix file's TOML document, its size and nesting bounded.  Raises ``MatrixError``."""
     shown = printable(str(path), 200)
     try:
         size = path.stat().st_size
@@ -220,17 +262,33 @@ def load_matrix(path: Path, profile: str | None = None, overrides: Mapping[str, 
         raise MatrixError(f"{shown}: cannot read: {printable(str(exc), 200)}") from None
     name = printable(path.name, 200)
     try:
-        doc = toml_loads(text)  # an unclosed value at the end is named by where it opened
+        return toml_loads(text)  # an unclosed value at the end is named by where it opened
     except TomlTooDeep:
         raise MatrixError(f"{name}: invalid TOML: arrays or inline tables nested more than "
                           f"{MAX_NESTING} deep") from None
     except TomlError as exc:
         raise MatrixError(f"{name}: invalid TOML: {printable(str(exc))}") from None
-    return parse_matrix(doc, path=path.resolve(), profile=profile, overrides=overrides)
 
 
-def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = None,
-                 overrides: Mapping[str, Any] | None = None) -> Matrix:
+@dataclass
+class _Sections:
+    errors: _Errors
+    sweep: SweepSettings
+    fixed: dict[str, Any]
+    axes: dict[str, list[Any]]
+    zips: list[dict[str, list[Any]]]
+    includes: list[dict[str, Any]]
+    excludes: list[dict[str, Any]]
+    slurm: SlurmSettings
+    study: StudyDecl | None
+    profiles: dict[str, str]
+    overrides: dict[str, Any]
+
+
+def _sections(doc: Mapping[str, Any], *, path: Path, profile: str | None,
+              overrides: Mapping[str, Any] | None) -> _Sections:
+    """Every section of the document checked, the profile and the overrides applied; no cell
+    built.  Raises ``MatrixError`` with every problem found."""
     overrides = dict(overrides or {})
     errors = _Errors(path)
     _check_nesting(doc, errors)
@@ -268,6 +326,14 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = No
             errors.add(("slurm", "python"), problem)
     _check_overlaps(fixed, axes, zips, errors)
     errors.raise_if_any()
+    return _Sections(errors, sweep, fixed, axes, zips, includes, excludes, slurm, study, profiles, overrides)
+
+
+def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> Matrix:
+    parts = _sections(doc, path=path, profile=profile, overrides=overrides)
+    errors, sweep, fixed, axes, zips = parts.errors, parts.sweep, parts.fixed, parts.axes, parts.zips
+    includes, excludes, overrides = parts.includes, parts.excludes, parts.overrides
 
     # Counted before anything is built: the product of the axes' and zips' lengths, plus
     # the includes (exclusions are known only combination by combination).
@@ -306,8 +372,8 @@ def parse_matrix(doc: Mapping[str, Any], *, path: Path, profile: str | None = No
 
     varying = tuple(k for k in PARAMS if _varies(resolved, k))
     cells = tuple(CellParams(MappingProxyType(r), varying) for r in resolved)
-    return Matrix(path=path, sweep=sweep, cells=cells, slurm=slurm, profile=profile, profiles=profiles, study=study,
-                  overrides=MappingProxyType(overrides))
+    return Matrix(path=path, sweep=sweep, cells=cells, slurm=parts.slurm, profile=profile, profiles=parts.profiles,
+                  study=parts.study, overrides=MappingProxyType(overrides))
 
 
 def _parse_profiles(raw: Any, errors: _Errors, *, base: Path) -> dict[str, str]:

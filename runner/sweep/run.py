@@ -70,7 +70,8 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
               detach: bool = False, slurm: Mapping[str, Any] | None = None,
               profile: str | None = None, overrides: Mapping[str, Any] | None = None,
               skip_unrunnable: bool = False, rerun_busy: bool | None = None,
-              repeats: Mapping[str, Any] | None = None) -> SweepSummary:
+              repeats: Mapping[str, Any] | None = None, canary: bool = True,
+              register: bool = True) -> SweepSummary:
     """Run (or, for slurm, submit) every selected (cell, repeat) without an ok run.
 
     ``profile``: the matrix's ``[profiles.<name>]`` to apply; ``overrides``: the ``--set``
@@ -89,6 +90,10 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
     ``repeats_max``, ``max_time``; matrix.repeats_option); an adaptive design
     (``repeats_max``) adds repeats to undecided verdicts' cells (runner/sweep/adaptive.py).
 
+    ``canary``: False runs no ``[sweep] canary`` runs; ``register``: False leaves a study
+    file's declaration in the warehouse as it is (``matrun tune`` and ``bisect`` run single
+    cells of a study's space, not its profile).
+
     ``slurm``: overrides of the matrix's ``[slurm]`` settings (``SlurmSettings`` field names;
     ``None`` values are ignored).  ``detach``: slurm only, return once submitted.  Raises
     ``SweepStopped`` (with the summary so far) when the sweep stops after it has begun.
@@ -97,7 +102,7 @@ def run_sweep(*, matrix_path: Path, where: Sequence[str] = (), force: bool = Fal
         return _run_sweep(matrix_path=matrix_path, where=where, force=force, executor=executor,
                           emit=on_event or (lambda event: None), detach=detach, slurm=slurm, profile=profile,
                           sets=overrides, skip_unrunnable=skip_unrunnable, rerun_busy=rerun_busy,
-                          repeats=repeats)
+                          repeats=repeats, canary=canary, register=register)
     except OSError as exc:  # a path of the sweep's the system refused, before anything ran
         raise path_error(exc) from None
 
@@ -106,8 +111,11 @@ def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor
                emit: Callable[[SweepEvent], None], detach: bool,
                slurm: Mapping[str, Any] | None, profile: str | None = None,
                sets: Mapping[str, Any] | None = None, skip_unrunnable: bool = False,
-               rerun_busy: bool | None = None, repeats: Mapping[str, Any] | None = None) -> SweepSummary:
+               rerun_busy: bool | None = None, repeats: Mapping[str, Any] | None = None,
+               canary: bool = True, register: bool = True) -> SweepSummary:
     matrix = load_matrix(matrix_path, profile, sets)  # sets: the --set values
+    if not canary:
+        matrix = replace(matrix, sweep=replace(matrix.sweep, canary=None))
     if rerun_busy is not None:  # --rerun-busy / --no-rerun-busy
         matrix = replace(matrix, sweep=replace(matrix.sweep, rerun_busy=rerun_busy))
     if repeats:  # --repeats N | MIN..MAX, --max-time
@@ -147,7 +155,7 @@ def _run_sweep(*, matrix_path: Path, where: Sequence[str], force: bool, executor
 
     with sweep_lock(sweep_dir, matrix.sweep.name):
         try:
-            if matrix.study is not None:
+            if matrix.study is not None and register:
                 record_study(matrix, every_cell)
             return _locked(runner, matrix, cells, data_dir, force, detach, summary, emit, canary_cell=canary_cell)
         except SweepLocked:
