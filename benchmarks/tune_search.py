@@ -2,13 +2,17 @@
 
 The reference: benchmarks/tune-space.toml (200 LeNet-5 cells of real Fashion-MNIST over 7
 axes — framework torch/jax, threads, batch size, layout, precision, oneDNN, inter-op threads —
-one run each) swept in full by `matrun sweep`, plus each framework's default cell (the cell
+three runs each: one run of a cell on this VM can land in a slow mode of the process) swept in
+full by `matrun sweep --repeats 3`, plus each framework's default cell (the cell
 `matrun tune` compares against, run through `matrun sweep --set …`).  Then, per search strategy
 (tpe: matrun's; optuna: Optuna's default sampler; random) and seed, the search of
 runner/sweep/tune.py (the same Tuner class `matrun tune` runs) is replayed on the reference: a
-trial "runs" its cell by taking the cell's measured run from the reference, so every strategy
-and seed sees the same numbers, and the runs it spends are counted.  The confirmation phase
-(extra repeats of the leaders) is off in the replay, since the reference has one run per cell;
+trial "runs" its cell by taking the cell's next measured run from the reference (its first
+repeat, then the second...), so every strategy and seed sees the same numbers, and the runs it
+spends are counted.  The budget is a quarter of the space's cells (a quarter of an exhaustive
+sweep of one run per cell).  Each replay runs without and with the confirmation (extra runs of
+the leaders and the defaults; at most the reference's three per cell here); a cell found is
+judged by its median over the reference's runs against the best median at equal accuracy.
 `--live` runs one real `matrun tune` (seed 0, tpe, confirmation on) into an empty warehouse
 afterwards and looks its answer up in the reference.
 
@@ -18,8 +22,8 @@ its throughput and the gap to the exhaustive best of that framework at equal acc
 
     python benchmarks/tune_search.py --work /tmp/tune-bench [--seeds 3] [--share 0.25] [--live]
 
-Takes about 20 minutes on a 2-core host from nothing (the reference sweep), seconds afterwards
-(the replays), 5 minutes more with --live.  Time nothing else meanwhile.
+Takes about 55 minutes on a 2-core host from nothing (the reference sweep, 606 runs), a minute
+afterwards (the replays), 5 minutes more with --live.  Time nothing else meanwhile.
 """
 
 from __future__ import annotations
@@ -54,12 +58,12 @@ def sweep_reference(work: Path) -> tuple[Path, Any]:
         shutil.copy(SPACE, matrix)
     space = load_space(matrix)
     began = time.monotonic()
-    subprocess.run([MATRUN, "sweep", str(matrix), "--executor", "local"], check=True)
+    subprocess.run([MATRUN, "sweep", str(matrix), "--executor", "local", "--repeats", "3"], check=True)
     dims = tn.dimensions(space)
     for fw in tn.frameworks_of(space):
         combo = tn.default_combo(space, dims, fw)
         sets = [a for k, v in combo.items() for a in ("--set", f"{k}={as_text(v)}")]
-        subprocess.run([MATRUN, "sweep", str(matrix), "--executor", "local", *sets], check=True)
+        subprocess.run([MATRUN, "sweep", str(matrix), "--executor", "local", "--repeats", "3", *sets], check=True)
     print(f"reference: swept in {time.monotonic() - began:.0f} s (0 s when it was there already)", file=sys.stderr)
     return matrix, space
 
@@ -67,8 +71,8 @@ def sweep_reference(work: Path) -> tuple[Path, Any]:
 def reference_runs(warehouse: Path) -> dict[str, dict[str, Any]]:
     with reader(warehouse) as con:
         rows = fetch(con, """
-            SELECT cell_id, params ->> 'framework' AS framework, throughput, accuracy, wall_seconds
-            FROM run_overview WHERE status = 'ok' AND "repeat" <> canary_repeat() ORDER BY started_at""")
+            SELECT cell_id, framework, throughput, accuracy, wall_seconds
+            FROM run_overview WHERE status = 'ok' AND "repeat" <> canary_repeat() ORDER BY "repeat", started_at""")
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         c = out.setdefault(r["cell_id"], {"framework": r["framework"], "values": [], "acc": [], "wall": []})
@@ -150,39 +154,45 @@ def main() -> None:
     from matrun.runner.planning.matrix import load_matrix
     space_ids = {identify(c, runner.env_id)[0] for c in load_matrix(matrix).cells}
     exhaustive_runs = sum(len(ref[c]["values"]) for c in space_ids if c in ref)
-    budget = int(exhaustive_runs * args.share)
+    # a quarter of the space's cells: a quarter of an exhaustive sweep of one run per cell (the
+    # reference itself has more runs per cell, for its medians)
+    budget = int(len(space_ids) * args.share)
     best = exhaustive_best(ref, space_ids, defaults, args.accuracy_within)
-    print(f"space: {len(space_ids)} cells swept ({exhaustive_runs} runs), {space.size} combinations of "
-          f"{len(space.axes)} axes; budget {budget} runs ({args.share:.0%}); accuracy within "
+    print(f"space: {len(space_ids)} cells swept ({exhaustive_runs} runs, medians of "
+          f"{exhaustive_runs / len(space_ids):.2g} per cell), {space.size} combinations of {len(space.axes)} axes; "
+          f"budget {budget} runs ({args.share:.0%} of the cells); accuracy within "
           f"{args.accuracy_within:g} points of the default")
     for fw, (cid, v) in best.items():
         d = defaults[fw]
         print(f"exhaustive best {fw}: {v:,.1f} img/s ({cid}); default {statistics.median(ref[d]['values']):,.1f} img/s, "
               f"accuracy {statistics.median(ref[d]['acc']) * 100:.2f} %")
-    print(f"\n{'strategy':<8} {'seed':>4} {'runs':>5} " + " ".join(f"{fw + ' best':>14} {'gap':>7}" for fw in best)
-          + "  within 3 %")
-    results: dict[str, list[bool]] = {}
-    for strategy in tn.SAMPLERS:
-        for seed in range(args.seeds):
-            replay = Replay(ref, ids)
-            settings = tn.Settings(objective="throughput", accuracy_within=args.accuracy_within, sampler=strategy,
-                                   seed=seed, budget_runs=budget, confirm=False)
-            tuner = tn.Tuner(space, settings, measure=replay.measure, evidence=replay.evidence, store=Memory(),
-                             cell_id=ids)
-            s = tuner.run()
-            cols, ok = [], True
-            for a in s["answer"]:
-                fw = a["framework"]
-                found = (a["best"] or {}).get("cell_id")
-                v = statistics.median(ref[found]["values"]) if found else 0.0
-                gap = 1 - v / best[fw][1]
-                ok &= gap <= 0.03
-                cols.append(f"{v:>14,.1f} {gap:>7.1%}")
-            results.setdefault(strategy, []).append(ok)
-            print(f"{strategy:<8} {seed:>4} {s['runs']:>5} " + " ".join(cols) + f"  {'yes' if ok else 'no'}")
+    print(f"\n{'strategy':<8} {'confirm':>7} {'seed':>4} {'runs':>5} "
+          + " ".join(f"{fw + ' best':>14} {'gap':>7}" for fw in best) + "  within 3 %")
+    results: dict[tuple[str, bool], list[bool]] = {}
+    for confirm in (False, True):
+        for strategy in tn.SAMPLERS:
+            for seed in range(args.seeds):
+                replay = Replay(ref, ids)
+                settings = tn.Settings(objective="throughput", accuracy_within=args.accuracy_within,
+                                       sampler=strategy, seed=seed, budget_runs=budget, confirm=confirm)
+                tuner = tn.Tuner(space, settings, measure=replay.measure, evidence=replay.evidence, store=Memory(),
+                                 cell_id=ids)
+                s = tuner.run()
+                cols, ok = [], True
+                for a in s["answer"]:
+                    fw = a["framework"]
+                    found = (a["best"] or {}).get("cell_id")
+                    v = statistics.median(ref[found]["values"]) if found else 0.0
+                    gap = 1 - v / best[fw][1]
+                    ok &= gap <= 0.03
+                    cols.append(f"{v:>14,.1f} {gap:>7.1%}")
+                results.setdefault((strategy, confirm), []).append(ok)
+                print(f"{strategy:<8} {'yes' if confirm else 'no':>7} {seed:>4} {s['runs']:>5} " + " ".join(cols)
+                      + f"  {'yes' if ok else 'no'}")
     print()
-    for strategy, oks in results.items():
-        print(f"{strategy}: within 3 % of the exhaustive best in both frameworks in {sum(oks)} of {len(oks)} seeds")
+    for (strategy, confirm), oks in results.items():
+        print(f"{strategy} ({'with' if confirm else 'without'} confirmation): within 3 % of the exhaustive best in "
+              f"both frameworks in {sum(oks)} of {len(oks)} seeds")
     if args.live:
         live = args.work / "live"
         if live.exists():

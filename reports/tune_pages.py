@@ -40,9 +40,12 @@ def trace_figure(summary: Mapping[str, Any]) -> go.Figure:
     points = [p for p in summary.get("trace") or [] if p.get("best") is not None]
     if not points:
         return empty_figure(title, "No feasible configuration measured yet.")
-    fig = go.Figure(go.Scatter(x=[p["runs"] for p in points], y=[p["best"] for p in points], mode="lines+markers",
-                               line={"shape": "hv"}, name="best so far",
-                               hovertemplate="%{x} runs: %{y:,.2f}<extra></extra>"))
+    fig = go.Figure()
+    for fw in dict.fromkeys(str(p.get("framework")) for p in points):
+        mine = [p for p in points if str(p.get("framework")) == fw]
+        fig.add_trace(go.Scatter(x=[p["runs"] for p in mine], y=[p["best"] for p in mine], mode="lines+markers",
+                                 line={"shape": "hv"}, name=plot_text(fw),
+                                 hovertemplate=f"{plot_text(fw)}: %{{x}} runs: %{{y:,.2f}}<extra></extra>"))
     fig.update_xaxes(title_text="runs spent", rangemode="tozero")
     fig.update_yaxes(title_text=f"{summary.get('objective')} ({plot_text(summary.get('unit') or '')})")
     return legend_below(fig, title)
@@ -53,9 +56,12 @@ def importance_figure(summary: Mapping[str, Any]) -> go.Figure:
     imp = summary.get("importance") or {}
     if not imp:
         return empty_figure(title, "Fewer than four feasible trials, or all of them alike: no importance.")
-    names = list(imp)[::-1]
-    fig = go.Figure(go.Bar(x=[imp[n] for n in names], y=[plot_text(n) for n in names], orientation="h",
-                           hovertemplate="%{y}: %{x:.2f}<extra></extra>", name="importance"))
+    fig = go.Figure()
+    names = list(dict.fromkeys(n for per in imp.values() for n in per))[::-1]
+    for fw, per in imp.items():
+        fig.add_trace(go.Bar(x=[per.get(n, 0.0) for n in names], y=[plot_text(n) for n in names], orientation="h",
+                             name=plot_text(fw), hovertemplate=f"{plot_text(fw)} %{{y}}: %{{x:.2f}}<extra></extra>"))
+    fig.update_layout(barmode="group")
     fig.update_xaxes(title_text="importance", range=[0, 1])
     return legend_below(fig, title)
 

@@ -53,7 +53,7 @@ FILE_SECONDS = {
     "test_system_python.py": 40, "test_docker_orphans.py": 30, "test_docker_executor.py": 27,
     "test_transformers_torch.py": 60, "test_transformers_jax.py": 42, "test_transformers_tf.py": 60,
     "test_transformers_mxnet.py": 45,
-    "test_local_executor.py": 17, "test_build.py": 10, "test_probe_blas.py": 10,
+    "test_tune.py": 75, "test_local_executor.py": 17, "test_build.py": 10, "test_probe_blas.py": 10,
     # light files
     "test_warehouse_readers.py": 130, "test_materialise.py": 120, "test_ingest.py": 110, "test_export.py": 100,
     "test_report.py": 95, "test_study_views.py": 90, "test_cli_output.py": 85, "test_findings.py": 80,

@@ -211,3 +211,17 @@ def test_an_edited_recipe_is_not_run_in_the_old_image(monkeypatch, docker_client
     assert str(err.value) == ("no image for torch:cpu built from the current recipe (images/torch/, recipe "
                               "eeeeeeeeeeee) in the Docker engine; build it with `matrun build` (or pick "
                               "--executor local)")
+
+
+@pytest.mark.slow
+def test_tune_runs_each_trial_in_a_container_of_the_image(tmp_path, docker_client, cpu_images):
+    """`matrun tune --executor docker` (the matrix's executor here): every trial a docker run of
+    the built image, recorded as a sweep's run is; no container left."""
+    name = write_matrix(tmp_path, '[axes]\nlayout = ["nchw", "nhwc"]\nprecision = ["fp32", "bf16"]\n')
+    doc = json.loads(matrun("tune", "--budget", "3", "--no-confirm", "--format", "json", cwd=tmp_path).stdout)
+    assert doc["runs"] == 3 and doc["answer"][0]["framework"] == "torch"
+    rows = sql(tmp_path / "matrun.duckdb", "SELECT executor, image_tag, status FROM runs")
+    assert sorted(rows) == [("docker", cpu_images["torch"].tag, "ok")] * 3
+    trials = sql(tmp_path / "matrun.duckdb", "SELECT kind, runs FROM tuning_trials ORDER BY trial")
+    assert trials[0] == ("default", 1) and sum(r for _, r in trials) == 3
+    assert containers_of(docker_client, name) == []

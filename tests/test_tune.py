@@ -151,12 +151,12 @@ def test_a_trial_is_the_sweeps_own_cell_and_refusals_are_the_planners(space_file
 
 def test_a_space_too_large_to_plan_is_searched_lazily(tmp_path: Path) -> None:
     big = tmp_path / "big.toml"
-    big.write_text(SPACE.replace('batch_size = [16, 32, 64, 128, 256]', 'batch_size = ' + str(list(range(8, 6008)))),
+    big.write_text(SPACE.replace('batch_size = [16, 32, 64, 128, 256]', 'batch_size = ' + str(list(range(8, 60008)))),
                    encoding="utf-8")
     with pytest.raises(MatrixError, match="over the limit"):
         load_matrix(big)
     space = load_space(big)
-    assert space.size == 2 * 2 * 6000 * 2 * 2 * 2 > 10**5
+    assert space.size == 2 * 2 * 60000 * 2 * 2 * 2 > 10**6
     land = Landscape(runner_ids())
     store = Memory()
     s = tuner(big, land, store, budget_runs=12, confirm=False).run()
@@ -179,8 +179,10 @@ def test_the_search_finds_the_best_feasible_cell_within_its_budget(space_file: P
         assert by_fw[fw]["comparison"]["ratio"] > 1
     # the fastest cells (batch 256) were measured or not, never chosen: infeasible
     assert all(r["state"] in ("infeasible", "refused") for r in store.rows if r["params"].get("batch_size") == 256)
-    assert set(s["importance"]) <= {"framework", "threads", "batch_size", "layout", "precision", "onednn"}
-    assert s["trace"][-1]["runs"] == s["runs"] and s["trace"][-1]["best"] is not None
+    assert set(s["importance"]) == {"torch", "jax"}
+    assert set(s["importance"]["torch"]) == {"threads", "batch_size", "layout", "precision", "onednn"}
+    assert set(s["importance"]["jax"]) == {"threads", "batch_size", "layout", "precision", "onednn"}
+    assert s["trace"][-1]["runs"] <= s["runs"] and s["trace"][-1]["best"] is not None
     assert store.status == ["running", "done"]
 
 
@@ -227,6 +229,21 @@ def test_a_tuning_stopped_mid_way_resumes_from_its_recorded_trials(space_file: P
     new = land.calls[len(before):]
     assert not set(new) & set(before)  # nothing measured twice
     assert [r["trial"] for r in resumed.rows] == list(range(len(resumed.rows)))
+
+
+def test_an_objective_the_default_cells_did_not_measure_is_refused(space_file: Path) -> None:
+    land = Landscape(runner_ids())
+
+    def unmeasured(cell_ids: Any) -> dict[str, tn.Evidence]:  # ok runs without the objective (no energy counter)
+        return {cid: tn.Evidence(accuracies=[0.8] * n, ok=n) for cid, n in land.runs.items() if cid in cell_ids}
+
+    store = Memory()
+    t = tn.Tuner(load_space(space_file), tn.Settings(objective="j_per_image", budget_runs=10), measure=land.measure,
+                 evidence=unmeasured, store=store, cell_id=land.ids)
+    with pytest.raises(InputError, match="--objective j_per_image: the runs of torch's default cell measured no "
+                                         "j_per_image .*RAPL"):
+        t.run()
+    assert len(land.calls) == 1 and store.status == ["running", "stopped"]
 
 
 @pytest.mark.parametrize("settings, match", [
@@ -301,11 +318,32 @@ def matrun(*args: str, cwd: Path, check: bool = True, **kw: Any) -> subprocess.C
     (["--budget", "5", "--repeats", "0"], "--repeats: expected from 1"),
     (["--budget", "5", "--executor", "ssh"], "--executor: expected local"),
     (["--budget", "5", "--set", "threads=x"], "--set threads"),
+    (["--budget", "-5"], "--budget: expected a number of runs"),
+    (["--budget", "5; rm -rf /"], "--budget: expected a number of runs"),
+    (["--budget", "99999999999"], "--budget: expected from 1 to 1,000,000 runs"),
+    (["--budget", "0s"], "--budget: expected a number of runs"),
+    (["--budget", "5", "--accuracy-within", "nan"], "--accuracy-within: expected points"),
+    (["--budget", "5", "--accuracy-within", "2", "--set", "mode=inference"], "inference cells measure no accuracy"),
+    (["--budget", "5", "--format", "yaml"], "--format"),
     ([], "--budget is missing"),
 ])
 def test_the_command_refuses_bad_options_with_an_error_line(tmp_path: Path, args: list[str], words: str) -> None:
     (tmp_path / "m.toml").write_text(SMALL)
     proc = matrun("tune", "m.toml", *args, cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("Error: ") and words in proc.stderr, proc.stderr
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").rglob("result.json"))
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "no such matrix file"),
+    ("[axes]\nthreads = [1, 2\n", "invalid TOML"),
+    ("[axes]\nthreads = [1, -2]\n", "[axes -> threads -> 1]"),
+    ("[axes]\nthreads = [1, 1]\n", "threads"),
+])
+def test_a_bad_matrix_is_refused_by_key(tmp_path: Path, text: str, words: str) -> None:
+    if text:
+        (tmp_path / "m.toml").write_text(text)
+    proc = matrun("tune", "m.toml", "--budget", "5", cwd=tmp_path, check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("Error: ") and words in proc.stderr, proc.stderr
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").rglob("result.json"))
 

@@ -248,8 +248,8 @@ def _print(tid: str, s: dict[str, Any]) -> None:
                       fmt_ratio_ci(c.get("ratio"), c.get("ratio_low"), c.get("ratio_high"), 0.95) if c else "-",
                       fmt_p(c.get("p_value")) if c else "-", acc, a["verdict"])
     out.print(table)
-    if s["importance"]:
-        out.print("importance: " + ", ".join(f"{k} {v:.2f}" for k, v in s["importance"].items()), markup=False)
+    for fw, imp in s["importance"].items():
+        out.print(f"importance ({fw}): " + ", ".join(f"{k} {v:.2f}" for k, v in imp.items()), markup=False)
     t = s["trials"]
     out.print(f"{s['runs']} runs in {duration_text(s['seconds'])}; trials: {t['ok']} ok, {t['infeasible']} "
               f"infeasible, {t['failed']} failed, {t['refused']} refused at plan time; stopped: "

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import optuna
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.samplers import RandomSampler, TPESampler
 from optuna.trial import TrialState, create_trial
 
@@ -79,6 +79,17 @@ class Dimension:
     keys: tuple[str, ...]
     labels: tuple[str, ...]
     rows: tuple[Mapping[str, Any], ...]
+    ordinal: bool = False  # numbers in increasing order: searched by position (IntDistribution), not as names
+
+    def distribution(self) -> Any:
+        return IntDistribution(0, len(self.rows) - 1) if self.ordinal else CategoricalDistribution(list(self.labels))
+
+    def row(self, choice: Any) -> Mapping[str, Any]:
+        return self.rows[int(choice)] if self.ordinal else self.rows[self.labels.index(choice)]
+
+    def choice(self, params: Mapping[str, Any]) -> Any:
+        label = "/".join(as_text(params[k]) for k in self.keys)
+        return self.labels.index(label) if self.ordinal else label
 
 
 @dataclass
@@ -123,10 +134,23 @@ class Settings:
     confirm: bool = True
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def dimensions(space: Space) -> list[Dimension]:
-    """The space's axes and zip groups as categorical choices (labels as ``--where`` spells values)."""
+    """The space's axes and zip groups as choices (labels as ``--where`` spells values).  An
+    axis of numbers only (batch_size, threads = [1, 2, 4], lr) is ordinal: its values sorted and
+    searched by position, so the sampler's model carries what it learnt at one value to its
+    neighbours (for powers of two, a log scale); any other axis, and a zip group, is a set of
+    names."""
     dims = []
     for key, values in space.axes.items():
+        if len(values) > 1 and all(_number(v) for v in values):
+            ordered = sorted(values)
+            dims.append(Dimension(key, (key,), tuple(as_text(v) for v in ordered), tuple({key: v} for v in ordered),
+                                  ordinal=True))
+            continue
         dims.append(Dimension(key, (key,), tuple(as_text(v) for v in values), tuple({key: v} for v in values)))
     for group in space.zips:
         keys = tuple(group)
@@ -244,6 +268,29 @@ class Trial:
                 "accuracy": self.accuracy, "runs": self.runs, "seconds": self.seconds, "reason": self.reason}
 
 
+@dataclass
+class Part:
+    """One framework's search: its choices, its values fixed, its Optuna study."""
+
+    framework: str
+    searched: list[Dimension]
+    fixed: dict[str, Any]
+    distributions: dict[str, Any]
+    study: optuna.Study
+    size: int
+    tried: set[str] = field(default_factory=set)
+    known_streak: int = 0
+    refused_streak: int = 0
+    ended: str = ""  # why this framework's search ended ("" while it goes on)
+
+    def labels(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The study's parameters of a combination: a label, or an ordinal axis' position."""
+        return {d.name: d.choice(params) for d in self.searched}
+
+    def key(self, params: Mapping[str, Any]) -> str:
+        return json.dumps(self.labels(params), sort_keys=True)
+
+
 class Tuner:
     """One tuning of ``space`` (see the module's docstring).  ``measure`` runs a cell;
     ``evidence(cell_ids)`` reads their runs; ``store`` keeps the trials."""
@@ -264,7 +311,6 @@ class Tuner:
         if not self.searched:
             raise InputError(f"{space.path.name}: the space has one combination: nothing to tune (give [axes] "
                              "with two values or more)")
-        self.distributions = {d.name: CategoricalDistribution(list(d.labels)) for d in self.searched}
         self.trials: list[Trial] = []
         self.defaults: dict[str, Trial] = {}  # framework -> its default cell's trial
         self.cells: dict[str, CellParams] = {}
@@ -272,6 +318,7 @@ class Tuner:
         self.by_cell: dict[str, Trial] = {}  # cell id -> its (first) search or default trial
         self.started = time.monotonic()
         self.stop_reason = ""
+        self.parts: dict[str, Part] = {}
         self._check_inputs()
 
     # -- inputs ---------------------------------------------------------------------------
@@ -369,8 +416,8 @@ class Tuner:
         self.store.save("running", None)
         try:
             self._defaults(earlier)
-            study = self._study(earlier)
-            self._search(study)
+            self.parts = self._parts(earlier)
+            self._search(self.parts)
             if self.settings.confirm:
                 self._confirm()
         except BaseException:
@@ -449,93 +496,120 @@ class Tuner:
             return max(1e-6, (floor - t.accuracy) * 100) if floor is not None else 1.0
         return 1000.0  # refused or failed: far from feasible
 
-    def _study(self, earlier: list[dict[str, Any]]) -> optuna.Study:
+    def _parts(self, earlier: list[dict[str, Any]]) -> dict[str, Part]:
+        """One Optuna study per framework (its searched choices: the space's but the framework,
+        a zip group cut to that framework's rows), the recorded search trials told to it."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        sampler = make_sampler(self.settings.sampler, self.settings.seed, self.settings.sampler == "tpe",
-                               self.settings.budget_runs)
-        study = optuna.create_study(direction="maximize" if self.larger else "minimize", sampler=sampler)
+        parts: dict[str, Part] = {}
+        for fw in frameworks_of(self.space):
+            dims = []
+            for d in self.dims:
+                if d.keys == ("framework",):
+                    continue
+                if "framework" in d.keys:  # a zip group with the framework: that framework's rows
+                    rows = [(label, row) for label, row in zip(d.labels, d.rows) if str(row["framework"]) == fw]
+                    d = Dimension(d.name, d.keys, tuple(lb for lb, _ in rows), tuple(r for _, r in rows))
+                dims.append(d)
+            searched = [d for d in dims if len(d.labels) > 1]
+            fixed = {k: v for d in dims if len(d.labels) == 1 for k, v in d.rows[0].items()}
+            if "framework" in self.space.axes:
+                fixed["framework"] = next(v for v in self.space.axes["framework"] if str(v) == fw)
+            sampler = make_sampler(self.settings.sampler, self.settings.seed, self.settings.sampler == "tpe",
+                                   None if self.settings.budget_runs is None
+                                   else self.settings.budget_runs // len(frameworks_of(self.space)))
+            study = optuna.create_study(direction="maximize" if self.larger else "minimize", sampler=sampler)
+            parts[fw] = Part(fw, searched, fixed, {d.name: d.distribution() for d in searched},
+                             study, math.prod(len(d.labels) for d in searched))
         for t in self._replayed(earlier, "search"):
             if t.cell_id:
                 self.by_cell.setdefault(t.cell_id, t)
-            self._tell_known(study, t)
+            part = parts.get(t.framework or "")
+            if part is not None:
+                part.tried.add(part.key(t.params))
+                if part.searched:
+                    self._tell_known(part, t)
         for c in self._replayed(earlier, "confirm"):  # the confirmation's latest word on its cell
             t = self.by_cell.get(c.cell_id or "")
             if t is not None:
                 t.value, t.accuracy = c.value, c.accuracy
                 if t.kind == "search":
                     t.state, t.reason = c.state, c.reason
-        return study
+        return parts
 
-    def _labels(self, combo: Mapping[str, Any]) -> dict[str, str]:
-        out = {}
-        for d in self.searched:
-            out[d.name] = "/".join(as_text(combo[k]) for k in d.keys)
-        return out
-
-    def _tell_known(self, study: optuna.Study, t: Trial) -> None:
+    def _tell_known(self, part: Part, t: Trial, study: optuna.Study | None = None) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            study.add_trial(create_trial(params=self._labels(t.params), distributions=self.distributions,
-                                         value=self._told(t), state=TrialState.COMPLETE,
-                                         user_attrs={_VIOLATION: self._constraint(t)},
-                                         system_attrs={_CONSTRAINTS_KEY: (self._constraint(t),)}))
+            (study or part.study).add_trial(create_trial(
+                params=part.labels(t.params), distributions=part.distributions, value=self._told(t),
+                state=TrialState.COMPLETE, user_attrs={_VIOLATION: self._constraint(t)},
+                system_attrs={_CONSTRAINTS_KEY: (self._constraint(t),)}))
 
-    def _search(self, study: optuna.Study) -> None:
-        fixed = {k: v for d in self.dims if len(d.labels) == 1 for k, v in d.rows[0].items()}
-        known_streak = refused_streak = 0
-        tried: set[str] = {json.dumps(self._labels(t.params), sort_keys=True) for t in self.trials
-                           if t.kind == "search"}
-        total = self.space.size
+    def _search(self, parts: dict[str, Part]) -> None:
+        """The frameworks take turns, the one with the fewest search runs first, until the
+        budget's share is spent or every framework's search has ended."""
         while True:
+            live = [p for p in parts.values() if not p.ended]
+            if not live:
+                self.stop_reason = "; ".join(f"{p.framework}: {p.ended}" for p in parts.values())
+                return
             if not self._search_left(self.settings.repeats):
                 self.stop_reason = "the search's share of the budget is spent"
-                break
-            if len(tried) >= total:
-                self.stop_reason = f"every one of the space's {total:,} combinations was tried"
-                break
+                return
+            spent = {fw: sum(t.runs for t in self.trials if t.kind == "search" and t.framework == fw) for fw in parts}
+            part = min(live, key=lambda p: (spent[p.framework], list(parts).index(p.framework)))
+            self._step(part)
+
+    def _step(self, part: Part) -> None:
+        """One proposal of ``part``'s study: refused, known (free) or measured."""
+        if len(part.tried) >= part.size:
+            part.ended = f"every one of its {part.size:,} combinations was tried"
+            return
+        if part.searched:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                ot = study.ask(self.distributions)
-            labels = {name: ot.params[name] for name in self.distributions}
-            combo = dict(fixed)
-            for d in self.searched:
-                combo.update(d.rows[d.labels.index(labels[d.name])])
-            key = json.dumps(labels, sort_keys=True)
-            cell = cell_for(self.space, combo)
-            fw = str(combo.get("framework", self.space.fixed.get("framework", PARAMS["framework"].default)))
-            if isinstance(cell, str):
-                t = Trial(len(self.trials), "search", fw, _json_combo(combo), label_of(combo, self._keys()), None,
-                          "refused", reason=cell)
-                self._tell(study, ot, t)
-                if key not in tried:
-                    tried.add(key)
-                    self._record(t)
-                refused_streak += 1
-                if refused_streak >= REFUSED_STREAK:
-                    self.stop_reason = f"{REFUSED_STREAK:,} proposals in a row were refused at plan time"
-                    break
-                continue
-            refused_streak = 0
-            cid = self._id(cell)
-            if (cid in self.by_cell and self.by_cell[cid].kind == "search") or key in tried:
-                self._tell(study, ot, self.by_cell.get(cid) or self._copy(cid, combo))
-                known_streak += 1
-                if known_streak >= KNOWN_STREAK:
-                    self.stop_reason = f"the sampler proposed only measured cells {KNOWN_STREAK} times in a row"
-                    break
-                continue
-            known_streak = 0
-            tried.add(key)
-            self.cells[cid], self.combos[cid] = cell, combo
-            ev, spent, secs = self._evaluate(cell, combo, self.settings.repeats)
-            t = Trial(len(self.trials), "search", fw, _json_combo(combo), label_of(combo, self._keys()), cid, "ok",
-                      runs=spent, seconds=secs)
-            self._judge(t, ev)
-            self._record(t)
-            self.by_cell[cid] = t
-            self._tell(study, ot, t)
-            self.log(f"trial {t.trial} ({self.runs_used} runs): {t.label}: {self._fmt(t)}"
-                     + (f"; best so far {self._fmt_value(self._best_value())}" if self._best_value() else ""))
+                ot = part.study.ask(part.distributions)
+            labels = {name: ot.params[name] for name in part.distributions}
+        else:
+            ot, labels = None, {}
+        combo = dict(part.fixed)
+        for d in part.searched:
+            combo.update(d.row(labels[d.name]))
+        key = json.dumps(labels, sort_keys=True)
+        cell = cell_for(self.space, combo)
+        fw = part.framework
+        if isinstance(cell, str):
+            t = Trial(len(self.trials), "search", fw, _json_combo(combo), label_of(combo, self._keys()), None,
+                      "refused", reason=cell)
+            self._tell(part, ot, t)
+            if key not in part.tried:
+                part.tried.add(key)
+                self._record(t)
+            part.refused_streak += 1
+            if part.refused_streak >= REFUSED_STREAK:
+                part.ended = f"{REFUSED_STREAK:,} proposals in a row were refused at plan time"
+            return
+        part.refused_streak = 0
+        cid = self._id(cell)
+        if (cid in self.by_cell and self.by_cell[cid].kind == "search") or key in part.tried:
+            self._tell(part, ot, self.by_cell.get(cid) or self._copy(cid, combo))
+            part.tried.add(key)
+            part.known_streak += 1
+            if part.known_streak >= KNOWN_STREAK:
+                part.ended = f"the sampler proposed only measured cells {KNOWN_STREAK} times in a row"
+            return
+        part.known_streak = 0
+        part.tried.add(key)
+        self.cells[cid], self.combos[cid] = cell, combo
+        ev, spent, secs = self._evaluate(cell, combo, self.settings.repeats)
+        t = Trial(len(self.trials), "search", fw, _json_combo(combo), label_of(combo, self._keys()), cid, "ok",
+                  runs=spent, seconds=secs)
+        self._judge(t, ev)
+        self._record(t)
+        self.by_cell[cid] = t
+        self._tell(part, ot, t)
+        best = self._best_value(fw)
+        self.log(f"trial {t.trial} ({self.runs_used} runs): {t.label}: {self._fmt(t)}"
+                 + (f"; {fw}'s best so far {self._fmt_value(best)}" if best else ""))
 
     def _copy(self, cid: str, combo: dict[str, Any]) -> Trial:
         """A known cell proposed again under a new trial (its default cell, say)."""
@@ -545,11 +619,13 @@ class Tuner:
     def _keys(self) -> list[str]:
         return [k for d in self.searched for k in d.keys]
 
-    def _tell(self, study: optuna.Study, ot: optuna.Trial, t: Trial) -> None:
+    def _tell(self, part: Part, ot: optuna.Trial | None, t: Trial) -> None:
+        if ot is None:
+            return
         ot.set_user_attr(_VIOLATION, self._constraint(t))  # read by the tpe sampler's constraints_func
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            study.tell(ot, self._told(t))
+            part.study.tell(ot, self._told(t))
 
     # -- confirmation ---------------------------------------------------------------------
     def _feasible(self, framework: str) -> list[Trial]:
@@ -562,6 +638,7 @@ class Tuner:
     def _confirm(self) -> None:
         """First each framework's default and leader to ``CONFIRM_RUNS`` runs (the frameworks in
         turn, the leader chosen again after every run), then the leaders' close contenders."""
+        stuck: set[str] = set()  # cells a run more did not add an ok run to (it failed, or no run was made)
         for contenders in (False, True):
             while True:
                 need: list[Trial] = []
@@ -573,13 +650,18 @@ class Tuner:
                     group = ([t for t in ranked[1:MAX_CONTENDERS + 1] if self._close(leader, t)] if contenders
                              else [self.defaults[fw], leader])
                     need += [t for t in group if t.cell_id and t.state in ("ok", "infeasible")
+                             and t.cell_id not in stuck
                              and self._runs(t.cell_id) < CONFIRM_RUNS and not self._failed(t.cell_id)]
                 if not need:
                     break
                 if not self._left(1):
                     self.stop_reason += "; the budget ran out during the confirmation"
                     return
-                self._more(min(need, key=lambda x: self._runs(x.cell_id or "")))
+                chosen = min(need, key=lambda x: self._runs(x.cell_id or ""))
+                before = self._runs(chosen.cell_id or "")
+                self._more(chosen)
+                if self._runs(chosen.cell_id or "") <= before:
+                    stuck.add(chosen.cell_id or "")
 
     def _failed(self, cell_id: str) -> bool:
         return self.evidence([cell_id]).get(cell_id, Evidence()).failed > 0
@@ -610,8 +692,8 @@ class Tuner:
         self.log(f"confirm {t.framework} {t.label}: {ev.ok} runs, {self._fmt(c)}")
 
     # -- the answer -----------------------------------------------------------------------
-    def _best_value(self) -> float | None:
-        feasible = [t for t in self.by_cell.values() if t.state == "ok" and t.kind == "search" and t.value]
+    def _best_value(self, framework: str) -> float | None:
+        feasible = [t for t in self._feasible(framework) if t.value]
         return self._rank(feasible)[0].value if feasible else None
 
     def _fmt_value(self, v: float | None) -> str:
@@ -662,37 +744,44 @@ class Tuner:
                 "accuracy": ev.accuracy, "values": ev.values}
 
     def trace(self) -> list[dict[str, Any]]:
-        """Best feasible value so far against runs spent, after each trial that ran something."""
-        out, best, runs = [], None, 0
-        for t in self.trials:
+        """After each trial that ran something or found a feasible value: the runs spent so
+        far and its framework's best feasible value so far."""
+        out: list[dict[str, Any]] = []
+        best: dict[str, float] = {}
+        runs = 0
+        for t in sorted(self.trials, key=lambda t: t.trial):
             runs += t.runs
+            fw = t.framework or ""
             if t.kind == "search" and t.state == "ok" and t.value is not None:
-                if best is None or (t.value > best if self.larger else t.value < best):
-                    best = t.value
+                if fw not in best or (t.value > best[fw] if self.larger else t.value < best[fw]):
+                    best[fw] = t.value
             if t.runs or (t.kind == "search" and t.state == "ok"):
-                out.append({"trial": t.trial, "runs": runs, "best": best})
+                out.append({"trial": t.trial, "runs": runs, "framework": fw, "best": best.get(fw)})
         return out
 
-    def importance(self) -> dict[str, float]:
-        """Each searched parameter's importance over the feasible trials: Optuna's PED-ANOVA
-        (how differently the parameter's values are spread in the best 10 % of the trials and
-        in all of them; normalised to sum to 1; NumPy only, where fANOVA needs scikit-learn);
-        {} with fewer than 4 feasible trials."""
-        ok = [t for t in self.by_cell.values() if t.kind == "search" and t.state == "ok" and t.value is not None]
-        if len(ok) < 4:
-            return {}
-        study = optuna.create_study(direction="maximize" if self.larger else "minimize")
-        for t in ok:
-            self._tell_known(study, t)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                imp = optuna.importance.get_param_importances(
-                    study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
-        except (RuntimeError, ValueError) as exc:  # all values equal, one choice seen per parameter
-            self.log(f"importance not computed: {exc}")
-            return {}
-        return {k: round(float(v), 4) for k, v in imp.items()}
+    def importance(self) -> dict[str, dict[str, float]]:
+        """Per framework, each searched parameter's importance over its feasible trials:
+        Optuna's PED-ANOVA (how differently the parameter's values are spread in the best 10 %
+        of the trials and in all of them; normalised to sum to 1; NumPy only, where fANOVA needs
+        scikit-learn); a framework with fewer than 4 feasible trials has none."""
+        out: dict[str, dict[str, float]] = {}
+        for fw, part in self.parts.items():
+            ok = [t for t in self._feasible(fw) if t.value is not None]
+            if len(ok) < 4 or not part.searched:
+                continue
+            study = optuna.create_study(direction="maximize" if self.larger else "minimize")
+            for t in ok:
+                self._tell_known(part, t, study)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    imp = optuna.importance.get_param_importances(
+                        study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+            except (RuntimeError, ValueError) as exc:  # all values alike
+                self.log(f"{fw}: importance not computed: {exc}")
+                continue
+            out[fw] = {k: round(float(v), 4) for k, v in imp.items()}
+        return out
 
 
 def _json_combo(combo: Mapping[str, Any]) -> dict[str, Any]:
