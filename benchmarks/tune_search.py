@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import statistics
 import subprocess
@@ -83,10 +84,18 @@ def reference_runs(warehouse: Path) -> dict[str, dict[str, Any]]:
 
 
 class Replay:
-    """Measure and evidence for the Tuner from the reference: a cell's run is the reference's."""
+    """Measure and evidence for the Tuner from the reference: a cell's run is the reference's.
+    A cell's runs are exchangeable (one of them may have landed in the VM's slow mode, at any
+    repeat), so each replay takes them in an order drawn from its seed: a seed is one
+    realisation of the measurement noise, as a tuning run at another time would meet."""
 
-    def __init__(self, ref: Mapping[str, dict[str, Any]], cell_id: Any) -> None:
-        self.ref, self.cell_id = ref, cell_id
+    def __init__(self, ref: Mapping[str, dict[str, Any]], cell_id: Any, seed: int) -> None:
+        self.cell_id = cell_id
+        self.ref = {}
+        for cid, c in ref.items():
+            order = list(range(len(c["values"])))
+            random.Random(f"{seed}-{cid}").shuffle(order)
+            self.ref[cid] = {**c, **{k: [c[k][i] for i in order] for k in ("values", "acc", "wall")}}
         self.taken: dict[str, int] = {}
 
     def measure(self, cell: CellParams, combo: Mapping[str, Any], runs: int) -> tuple[int, float]:
@@ -136,7 +145,7 @@ def exhaustive_best(ref: Mapping[str, dict[str, Any]], space_ids: set[str], defa
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--share", type=float, default=0.25)
     ap.add_argument("--accuracy-within", type=float, default=2.0)
     ap.add_argument("--live", action="store_true")
@@ -172,7 +181,7 @@ def main() -> None:
     for confirm in (False, True):
         for strategy in tn.SAMPLERS:
             for seed in range(args.seeds):
-                replay = Replay(ref, ids)
+                replay = Replay(ref, ids, seed)
                 settings = tn.Settings(objective="throughput", accuracy_within=args.accuracy_within,
                                        sampler=strategy, seed=seed, budget_runs=budget, confirm=confirm)
                 tuner = tn.Tuner(space, settings, measure=replay.measure, evidence=replay.evidence, store=Memory(),
@@ -192,7 +201,21 @@ def main() -> None:
     print()
     for (strategy, confirm), oks in results.items():
         print(f"{strategy} ({'with' if confirm else 'without'} confirmation): within 3 % of the exhaustive best in "
-              f"both frameworks in {sum(oks)} of {len(oks)} seeds")
+              f"both frameworks in {sum(oks[:3])} of the first 3 seeds, {sum(oks)} of {len(oks)}")
+    # the noise floor: the exhaustive sweep itself, one run per cell (each of the reference's
+    # passes alone), judged the same way
+    passes = min(len(c["values"]) for cid, c in ref.items() if cid in space_ids)
+    for p in range(passes):
+        cols, ok = [], True
+        for fw, did in defaults.items():
+            floor = statistics.median(ref[did]["acc"]) - args.accuracy_within / 100
+            v, cid = max((c["values"][p], cid) for cid, c in ref.items()
+                         if cid in space_ids and c["framework"] == fw and statistics.median(c["acc"]) >= floor)
+            gap = 1 - statistics.median(ref[cid]["values"]) / best[fw][1]
+            ok &= gap <= 0.03
+            cols.append(f"{fw} {gap:.1%}")
+        print(f"exhaustive sweep, one run per cell (pass {p}, {len(space_ids)} runs): the cell it picks is "
+              f"{', '.join(cols)} short of the best median; within 3 % in both: {'yes' if ok else 'no'}")
     if args.live:
         live = args.work / "live"
         if live.exists():

@@ -28,7 +28,18 @@ def pages_of(tunings: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def _num(v: Any, digits: int = 4) -> str:
-    return "-" if v is None else f"{v:,.{digits}g}"
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if abs(v) >= 10 ** digits else f"{v:,.{digits}g}"
+
+
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def _colors(summary: Mapping[str, Any]) -> dict[str, str]:
+    """One colour per framework, in the answer's order, the same in every figure of the page."""
+    names = [str(a.get("framework")) for a in summary.get("answer") or []]
+    return {fw: _COLORS[i % len(_COLORS)] for i, fw in enumerate(names)}
 
 
 def _pct(v: Any) -> str:
@@ -41,10 +52,11 @@ def trace_figure(summary: Mapping[str, Any]) -> go.Figure:
     if not points:
         return empty_figure(title, "No feasible configuration measured yet.")
     fig = go.Figure()
+    colors = _colors(summary)
     for fw in dict.fromkeys(str(p.get("framework")) for p in points):
         mine = [p for p in points if str(p.get("framework")) == fw]
         fig.add_trace(go.Scatter(x=[p["runs"] for p in mine], y=[p["best"] for p in mine], mode="lines+markers",
-                                 line={"shape": "hv"}, name=plot_text(fw),
+                                 line={"shape": "hv", "color": colors.get(fw)}, name=plot_text(fw),
                                  hovertemplate=f"{plot_text(fw)}: %{{x}} runs: %{{y:,.2f}}<extra></extra>"))
     fig.update_xaxes(title_text="runs spent", rangemode="tozero")
     fig.update_yaxes(title_text=f"{summary.get('objective')} ({plot_text(summary.get('unit') or '')})")
@@ -58,9 +70,11 @@ def importance_figure(summary: Mapping[str, Any]) -> go.Figure:
         return empty_figure(title, "Fewer than four feasible trials, or all of them alike: no importance.")
     fig = go.Figure()
     names = list(dict.fromkeys(n for per in imp.values() for n in per))[::-1]
-    for fw, per in imp.items():
+    colors = _colors(summary)
+    for fw in sorted(imp, key=lambda f: list(colors).index(f) if f in colors else len(colors)):
+        per = imp[fw]
         fig.add_trace(go.Bar(x=[per.get(n, 0.0) for n in names], y=[plot_text(n) for n in names], orientation="h",
-                             name=plot_text(fw), hovertemplate=f"{plot_text(fw)} %{{y}}: %{{x:.2f}}<extra></extra>"))
+                             name=plot_text(fw), marker={"color": colors.get(fw)}, hovertemplate=f"{plot_text(fw)} %{{y}}: %{{x:.2f}}<extra></extra>"))
     fig.update_layout(barmode="group")
     fig.update_xaxes(title_text="importance", range=[0, 1])
     return legend_below(fig, title)

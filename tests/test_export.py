@@ -37,7 +37,7 @@ from matrun.warehouse.query import csv_value, run_query
 
 MATRUN = str(Path(sys.executable).with_name("matrun"))
 TABLES = {"runs", "steps", "epochs", "layers", "monitor_samples", "gpu_samples", "step_phases", "exchange_calibration", "images", "studies", "study_findings",
-          "study_cells", "schema_migrations"}
+          "study_cells", "tunings", "tuning_trials", "schema_migrations"}
 VIEWS = set(view_sql())
 #: Text a spreadsheet would run as a formula, in a text column (runs.error_tail).
 FORMULAS = ("=SUM(A1:A9)", "+1+1", "-2 or so", "@cmd")
@@ -253,7 +253,7 @@ def test_an_unknown_name_is_refused_naming_it_and_the_known_ones(warehouse: Path
     assert line.startswith("Error: --table nope, bogus: no such table or view in the warehouse (tables: epochs, "
                            "exchange_calibration, gpu_samples, images, layers, monitor_samples, runs, schema_migrations, "
                            "step_phases, steps, studies, study_cells, "
-                           "study_findings; views: baseline, "), line
+                           "study_findings, tuning_trials, tunings; views: baseline, "), line
     assert all(view in line for view in VIEWS) and "\n" not in line
     assert sorted(os.listdir(tmp_path)) == []
 

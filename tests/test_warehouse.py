@@ -24,7 +24,7 @@ from matrun.warehouse.ingest import ingest
 from matrun.warehouse.query import run_query
 
 TABLES = {"runs", "steps", "epochs", "monitor_samples", "gpu_samples", "step_phases", "exchange_calibration", "layers", "images", "studies", "study_findings",
-          "study_cells", "schema_migrations", "cell_cache", "cache_state",
+          "study_cells", "tunings", "tuning_trials", "schema_migrations", "cell_cache", "cache_state",
           *(cache.table for cache in materialise.CACHED)}
 VIEWS = {"run_overview", "cell_status", "cell_durations", "baseline", "epoch_curve",
          "provenance"}
@@ -54,7 +54,7 @@ def test_new_warehouse_has_tables_views_and_every_migration_row(tmp_path: Path) 
     rows = _migration_rows(path)
     assert [(v, n) for v, n, _ in rows] == [(1, "initial"), (2, "layers"), (3, "images"), (4, "studies"),
                                        (5, "bundle_stat"), (6, "view_caches"), (7, "gpu_energy_state"), (8, "phases"),
-                                       (9, "busy_set_aside"), (10, "design_level"), (11, "language_models")]
+                                       (9, "busy_set_aside"), (10, "design_level"), (11, "language_models"), (12, "tunings")]
     assert rows[0][2]  # applied_at recorded
 
 

@@ -24,8 +24,8 @@ from matrun.warehouse.compare import fetch, fmt_num, fmt_p, fmt_ratio_ci, reader
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 #: objective -> the run_overview column it reads
-COLUMNS = {"throughput": "throughput", "train_s": "CASE WHEN diverged THEN NULL ELSE train_seconds END",
-           "j_per_image": "j_per_image"}
+COLUMNS = {"throughput": "o.throughput", "train_s": "CASE WHEN r.diverged THEN NULL ELSE r.train_seconds END",
+           "j_per_image": "o.j_per_image"}
 
 
 def parse_budget(text: str) -> tuple[int | None, float | None]:
@@ -168,7 +168,7 @@ class _Evidence:
     """Cells' runs from the warehouse (``run_overview``), cached until the tuning runs the cell."""
 
     def __init__(self, warehouse: Path, objective: str) -> None:
-        self.warehouse, self.column = warehouse, COLUMNS.get(objective, "throughput")
+        self.warehouse, self.column = warehouse, COLUMNS.get(objective, "o.throughput")
         self.cache: dict[str, Any] = {}
 
     def forget(self, cell_id: str) -> None:
@@ -182,11 +182,11 @@ class _Evidence:
             try:
                 with reader(self.warehouse) as con:
                     rows = fetch(con, f"""
-                        SELECT cell_id, status, {self.column} AS v, accuracy, coalesce(busy_start, false) AS busy,
-                               error_tail
-                        FROM run_overview
-                        WHERE list_contains($ids, cell_id) AND "repeat" <> canary_repeat()
-                        ORDER BY started_at""", {"ids": wanted})
+                        SELECT o.cell_id, o.status, {self.column} AS v, o.accuracy,
+                               coalesce(o.busy_start, false) AS busy, r.error_tail
+                        FROM run_overview AS o JOIN runs AS r ON r.run_id = o.run_id
+                        WHERE list_contains($ids, o.cell_id) AND o."repeat" <> canary_repeat()
+                        ORDER BY o.started_at""", {"ids": wanted})
             except NotAWarehouse:
                 rows = []  # no warehouse yet: nothing measured
             clean = {r["cell_id"] for r in rows if r["status"] == "ok" and not r["busy"]}

@@ -61,8 +61,11 @@ OBJECTIVES: dict[str, tuple[bool, str]] = {"throughput": (True, "img/s"), "train
 CONFIRM_RUNS = 4
 #: A contender is close when its median is within this ratio of the leader's.
 CLOSE = 1.05
-#: At most this many contenders per framework get confirmation runs.
+#: At most this many contenders per framework get confirmation runs: the runners-up ...
 MAX_CONTENDERS = 3
+#: ... of which this many whatever their distance (a first run may have landed in a slow mode
+#: of its process), the rest only when close.
+RUNNERS_UP = 2
 #: The search stops when this many proposals in a row were cells it had measured (converged).
 KNOWN_STREAK = 40
 #: ... or when this many proposals in a row were refused at plan time.
@@ -463,6 +466,8 @@ class Tuner:
             t = Trial(len(self.trials), "default", fw, _json_combo(combo), label_of(combo), cid, "ok", runs=spent,
                       seconds=secs)
             if ev.ok and ev.median is None:
+                t.state, t.reason = "failed", f"no ok run measured {self.settings.objective}"
+                self._record(t)  # its runs count against the budget of a later tuning of this space
                 raise InputError(f"--objective {self.settings.objective}: the runs of {fw}'s default cell measured no "
                                  f"{self.settings.objective} ({self._unmeasured_hint()})")
             self._judge(t, ev)
@@ -633,7 +638,21 @@ class Tuner:
                 and t.kind == "search" and t.cell_id]
 
     def _rank(self, trials: list[Trial]) -> list[Trial]:
-        return sorted(trials, key=lambda t: (-(t.value or 0.0) if self.larger else (t.value or math.inf), t.trial))
+        """Best first, by each cell's *favourable median* over its ok runs: the middle value, and
+        of two middle values the better (of two runs the faster).  On a host where a run can land
+        in a slow mode of its process (a slowdown, never a speed-up), one slow run of two must
+        not sink a configuration that its other run shows fast; from three runs on it is the
+        median's middle value or near it."""
+        def key(t: Trial) -> tuple[float, int]:
+            vals = sorted(self.evidence([t.cell_id]).get(t.cell_id, Evidence()).values) if t.cell_id else []
+            if not vals:
+                v = t.value
+            elif self.larger:
+                v = vals[len(vals) // 2]
+            else:
+                v = vals[(len(vals) - 1) // 2]
+            return (-(v or 0.0) if self.larger else (v if v is not None else math.inf), t.trial)
+        return sorted(trials, key=key)
 
     def _confirm(self) -> None:
         """First each framework's default and leader to ``CONFIRM_RUNS`` runs (the frameworks in
@@ -647,7 +666,8 @@ class Tuner:
                     if not ranked:
                         continue
                     leader = ranked[0]
-                    group = ([t for t in ranked[1:MAX_CONTENDERS + 1] if self._close(leader, t)] if contenders
+                    group = ([t for i, t in enumerate(ranked[1:MAX_CONTENDERS + 1], 1)
+                              if i < RUNNERS_UP + 1 or self._close(leader, t)] if contenders
                              else [self.defaults[fw], leader])
                     need += [t for t in group if t.cell_id and t.state in ("ok", "infeasible")
                              and t.cell_id not in stuck
@@ -697,7 +717,9 @@ class Tuner:
         return self._rank(feasible)[0].value if feasible else None
 
     def _fmt_value(self, v: float | None) -> str:
-        return "-" if v is None else f"{v:,.4g} {self.unit}"
+        if v is None:
+            return "-"
+        return f"{v:,.0f} {self.unit}" if abs(v) >= 1000 else f"{v:.4g} {self.unit}"
 
     def _fmt(self, t: Trial) -> str:
         if t.state in ("failed", "refused"):
