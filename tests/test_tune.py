@@ -396,3 +396,17 @@ def test_tune_end_to_end_with_real_runs_report_and_resume(tmp_path: Path, torch_
     # the table the terminal shows
     table = matrun("tune", "m.toml", "--budget", "7", "--accuracy-within", "100", cwd=tmp_path).stdout
     assert "best configuration per framework against its default" in table and "runs D/B" in table
+
+
+def test_a_resumed_tuning_confirms_the_leaders_found_before_it_stopped(space_file: Path) -> None:
+    """The confirmation may pick a trial recorded by the process that stopped: its cell is
+    planned again from the recorded parameters (a KeyError here once)."""
+    land = Landscape(runner_ids())
+    store = Memory()
+    tuner(space_file, land, store, budget_runs=30, confirm=False).run()  # the search alone, recorded
+    searched = {r["cell_id"] for r in store.rows if r["kind"] == "search" and r["cell_id"]}
+    resumed = Memory(store.rows)
+    s = tuner(space_file, land, resumed, budget_runs=46, confirm=True).run()
+    confirmed = {r["cell_id"] for r in resumed.rows[len(store.rows):] if r["kind"] == "confirm"}
+    assert confirmed & searched  # leaders of the earlier process got their runs
+    assert s["runs"] <= 46 and all(a["best"]["runs"] >= 2 for a in s["answer"])

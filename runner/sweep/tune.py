@@ -697,6 +697,11 @@ class Tuner:
 
     def _more(self, t: Trial) -> None:
         assert t.cell_id
+        if t.cell_id not in self.cells:  # a trial recorded before a resume: planned again from its parameters
+            again = cell_for(self.space, t.params)
+            if isinstance(again, str) or self._id(again) != t.cell_id:
+                return  # the matrix changed under it: no run more (the confirmation moves on)
+            self.cells[t.cell_id], self.combos[t.cell_id] = again, dict(t.params)
         cell, combo = self.cells[t.cell_id], self.combos[t.cell_id]
         want = self._runs(t.cell_id) + 1
         ev, spent, secs = self._evaluate(cell, combo, want)
