@@ -15,7 +15,7 @@ from matrun.reports.figures import empty_figure, legend_below, plot_text
 from matrun.reports.pages import Html, figure, join, table, tag
 from matrun.reports.sections import section
 
-_ID = re.compile(r"^[0-9a-f]{1,64}$")
+_ID = re.compile(r"^[0-9a-f]{1,64}\Z")
 
 
 def page_file(tuning: str) -> str:

@@ -22,7 +22,7 @@ from matrun.runner.sweep.records import RunClaim
 from matrun.runner.sweep.run import run_sweep
 from matrun.warehouse.compare import fetch, fmt_num, fmt_p, fmt_ratio_ci, reader
 
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?\Z")
 #: objective -> the run_overview column it reads
 COLUMNS = {"throughput": "o.throughput", "train_s": "CASE WHEN r.diverged THEN NULL ELSE r.train_seconds END",
            "j_per_image": "o.j_per_image"}
@@ -31,7 +31,7 @@ COLUMNS = {"throughput": "o.throughput", "train_s": "CASE WHEN r.diverged THEN N
 def parse_budget(text: str) -> tuple[int | None, float | None]:
     """``50`` → 50 runs; ``90s``, ``30m``, ``2h``, ``1h30m`` → seconds.  ``InputError`` otherwise."""
     value = text.strip()
-    if value.isdigit():
+    if re.fullmatch(r"[0-9]{1,12}", value):
         n = int(value)
         if n < 1 or n > 1_000_000:
             raise InputError(f"--budget: expected from 1 to 1,000,000 runs, got {text!r}")
