@@ -340,6 +340,14 @@ def os_error(path: Path, exc: OSError) -> WarehouseError | InputError:
     return WarehouseError(f"warehouse {shown(path)}: {exc.strerror or exc}{where}")
 
 
+def rolled_back(exc: duckdb.Error, doing: str, again: str = "run the command again") -> WarehouseError:
+    """The error of a write transaction that failed and was rolled back: ``doing`` (``registering
+    study A6``) wrote nothing; a full disk says so, with ``again`` (what to do once space is freed)."""
+    if is_no_space(exc):
+        return WarehouseError(f"no space left on device: {doing} wrote nothing; free some space and {again}")
+    return WarehouseError(f"{doing} failed and was rolled back: {_first_line(exc)}")
+
+
 def rollback(con: duckdb.DuckDBPyConnection) -> None:
     """Roll back the open transaction, if DuckDB has not already (a failed COMMIT has)."""
     try:

@@ -24,10 +24,10 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 import duckdb
 
-from matrun.errors import InputError, WarehouseError
+from matrun.errors import InputError
 from matrun.runner.harness.spec import PARAMS as _SPEC_PARAMS  # the cell parameters, declared once
 from matrun.warehouse import materialise
-from matrun.warehouse.db import is_no_space, rollback, view_sql
+from matrun.warehouse.db import rollback, rolled_back, view_sql
 
 Add = Callable[[tuple[Any, ...], str], None]
 
@@ -581,11 +581,7 @@ def register_study(con: duckdb.DuckDBPyConnection, decl: StudyDecl, *, profile: 
         con.execute("COMMIT")
     except duckdb.Error as exc:
         rollback(con)
-        if is_no_space(exc):
-            raise WarehouseError(f"no space left on device: registering study {decl.id} wrote "
-                                 "nothing; free some space and run the command again") from None
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise WarehouseError(f"registering study {decl.id} failed and was rolled back: {first}") from None
+        raise rolled_back(exc, f"registering study {decl.id}") from None
     except BaseException:
         rollback(con)
         raise

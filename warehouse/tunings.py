@@ -15,8 +15,7 @@ from typing import Any, Mapping
 
 import duckdb
 
-from matrun.errors import WarehouseError
-from matrun.warehouse.db import is_no_space, open_warehouse, rollback
+from matrun.warehouse.db import open_warehouse, rollback, rolled_back
 
 TUNING_COLUMNS = ("tuning", "matrix", "sweep", "objective", "direction", "accuracy_within", "sampler", "seed",
                   "space", "status", "budget", "summary", "started_at", "updated_at")
@@ -47,11 +46,7 @@ def _write(path: Path, what: str, statements: list[tuple[str, list[Any]]]) -> No
             con.execute("COMMIT")
         except duckdb.Error as exc:
             rollback(con)
-            if is_no_space(exc):
-                raise WarehouseError(f"no space left on device: recording {what} wrote nothing; free some space "
-                                     "and run matrun tune again (it resumes)") from None
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise WarehouseError(f"recording {what} failed and was rolled back: {first}") from None
+            raise rolled_back(exc, f"recording {what}", "run matrun tune again (it resumes)") from None
         except BaseException:
             rollback(con)
             raise

@@ -35,7 +35,6 @@ import hashlib
 import json
 import math
 import statistics
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -319,7 +318,6 @@ class Tuner:
         self.cells: dict[str, CellParams] = {}
         self.combos: dict[str, dict[str, Any]] = {}
         self.by_cell: dict[str, Trial] = {}  # cell id -> its (first) search or default trial
-        self.started = time.monotonic()
         self.stop_reason = ""
         self.parts: dict[str, Part] = {}
         self._check_inputs()
