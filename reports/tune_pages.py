@@ -120,8 +120,8 @@ def tuning_body(t: Mapping[str, Any]) -> tuple[Html, list[tuple[str, str]], dict
                      f"({counts.get('ok', 0)} ok, {counts.get('infeasible', 0)} infeasible, {counts.get('failed', 0)} "
                      f"failed, {counts.get('refused', 0)} refused at plan time); stopped: "
                      f"{s.get('stopped_because') or t['status']}.")
-    trace = section("trace", "Trace", "The best feasible value found after each trial that ran something.",
-                    stats, figure(trace_figure(s), f"fig-trace-{tid}"))
+    trace = section("trace", "Trace", "The best feasible value found after each trial that ran something "
+                    "(the default cell's first).", stats, figure(trace_figure(s), f"fig-trace-{tid}"))
     importance = section("importance", "Which parameters mattered", "", figure(importance_figure(s),
                                                                                f"fig-importance-{tid}"))
     trial_rows = [[r["trial"], r["kind"], r.get("framework") or "-", r["label"], r.get("cell_id") or "-", r["state"],

@@ -410,3 +410,26 @@ def test_a_resumed_tuning_confirms_the_leaders_found_before_it_stopped(space_fil
     confirmed = {r["cell_id"] for r in resumed.rows[len(store.rows):] if r["kind"] == "confirm"}
     assert confirmed & searched  # leaders of the earlier process got their runs
     assert s["runs"] <= 46 and all(a["best"]["runs"] >= 2 for a in s["answer"])
+
+
+class DefaultFastest(Landscape):
+    """The landscape, but the default cell (threads unset: no axis value) is the fastest."""
+
+    def value(self, v: Mapping[str, Any], repeat: int) -> tuple[float, float]:
+        thr, acc = super().value(v, repeat)
+        return (thr * 3 if v["threads"] not in (1, 2) else thr), acc
+
+
+def test_when_no_searched_configuration_beats_the_default_the_default_is_the_answer(space_file: Path) -> None:
+    """The default cell is a candidate like any searched one: the answer never names a slower
+    configuration as the best (a live tuning once answered 8,817 img/s against its default's
+    16,239)."""
+    land = DefaultFastest(runner_ids())
+    s = tuner(space_file, land, Memory(), budget_runs=40).run()
+    for a in s["answer"]:
+        assert a["best"]["cell_id"] == a["default"]["cell_id"], a
+        assert a["changes"] == [] and a["verdict"] == tn.DEFAULT_IS_BEST and a["comparison"] == {}
+        assert a["default"]["runs"] >= tn.CONFIRM_RUNS
+    out = Landscape(runner_ids())  # and where a searched cell is faster, it is the answer, as before
+    s = tuner(space_file, out, Memory(), budget_runs=40).run()
+    assert all(a["best"]["cell_id"] != a["default"]["cell_id"] and a["changes"] for a in s["answer"])

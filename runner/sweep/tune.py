@@ -52,6 +52,8 @@ from matrun.runner.planning.params import PARAMS, as_text
 from matrun.runner.sweep.bisect import comparison
 
 SAMPLERS = ("tpe", "optuna", "random")
+#: The verdict when no searched configuration beat the default cell itself
+DEFAULT_IS_BEST = "the default is the best configuration found"
 #: objective -> (larger is better, unit)
 OBJECTIVES: dict[str, tuple[bool, str]] = {"throughput": (True, "img/s"), "train_s": (False, "s"),
                                            "j_per_image": (False, "J/img")}
@@ -632,41 +634,47 @@ class Tuner:
 
     # -- confirmation ---------------------------------------------------------------------
     def _feasible(self, framework: str) -> list[Trial]:
+        """The framework's searched cells that ran and meet the accuracy bound."""
         return [t for t in self.by_cell.values() if t.framework == framework and t.state == "ok"
                 and t.kind == "search" and t.cell_id]
 
+    def _candidates(self, framework: str) -> list[Trial]:
+        """What the answer is chosen from: the feasible searched cells and the framework's
+        default cell itself (no change at all can be the best configuration)."""
+        out = self._feasible(framework)
+        d = self.defaults.get(framework)
+        if d is not None and d.cell_id and d.state == "ok" and d.value is not None \
+                and all(t.cell_id != d.cell_id for t in out):
+            out.append(d)
+        return out
+
     def _rank(self, trials: list[Trial]) -> list[Trial]:
-        """Best first, by each cell's *favourable median* over its ok runs: the middle value, and
-        of two middle values the better (of two runs the faster).  On a host where a run can land
-        in a slow mode of its process (a slowdown, never a speed-up), one slow run of two must
-        not sink a configuration that its other run shows fast; from three runs on it is the
-        median's middle value or near it."""
+        """Best first, by each cell's favourable median (``_favourable``).  On a host where a
+        run can land in a slow mode of its process (a slowdown, never a speed-up), one slow run
+        of two must not sink a configuration that its other run shows fast; from three runs on
+        it is the median's middle value or near it."""
         def key(t: Trial) -> tuple[float, int]:
-            vals = sorted(self.evidence([t.cell_id]).get(t.cell_id, Evidence()).values) if t.cell_id else []
-            if not vals:
-                v = t.value
-            elif self.larger:
-                v = vals[len(vals) // 2]
-            else:
-                v = vals[(len(vals) - 1) // 2]
+            v = self._favourable(t)
             return (-(v or 0.0) if self.larger else (v if v is not None else math.inf), t.trial)
         return sorted(trials, key=key)
 
     def _confirm(self) -> None:
         """First each framework's default and leader to ``CONFIRM_RUNS`` runs (the frameworks in
-        turn, the leader chosen again after every run), then the leaders' close contenders."""
+        turn, the leader chosen again after every run), then the leaders' runners-up and close
+        contenders."""
         stuck: set[str] = set()  # cells a run more did not add an ok run to (it failed, or no run was made)
         for contenders in (False, True):
             while True:
                 need: list[Trial] = []
                 for fw in self.defaults:
-                    ranked = self._rank(self._feasible(fw))
+                    ranked = self._rank(self._candidates(fw))
                     if not ranked:
                         continue
                     leader = ranked[0]
-                    group = ([t for i, t in enumerate(ranked[1:MAX_CONTENDERS + 1], 1)
+                    others = [t for t in ranked[1:] if t.cell_id != self.defaults[fw].cell_id]  # it has its runs
+                    group = ([t for i, t in enumerate(others[:MAX_CONTENDERS], 1)
                               if i < RUNNERS_UP + 1 or self._close(leader, t)] if contenders
-                             else [self.defaults[fw], leader])
+                             else list({id(t): t for t in (self.defaults[fw], leader)}.values()))
                     need += [t for t in group if t.cell_id and t.state in ("ok", "infeasible")
                              and t.cell_id not in stuck
                              and self._runs(t.cell_id) < CONFIRM_RUNS and not self._failed(t.cell_id)]
@@ -680,6 +688,14 @@ class Tuner:
                 self._more(chosen)
                 if self._runs(chosen.cell_id or "") <= before:
                     stuck.add(chosen.cell_id or "")
+
+    def _favourable(self, t: Trial) -> float | None:
+        """The cell's *favourable median* over its ok runs: the middle value, and of two middle
+        values the better (of two runs the faster); its trial's value without runs."""
+        vals = sorted(self.evidence([t.cell_id]).get(t.cell_id, Evidence()).values) if t.cell_id else []
+        if not vals:
+            return t.value
+        return vals[len(vals) // 2] if self.larger else vals[(len(vals) - 1) // 2]
 
     def _failed(self, cell_id: str) -> bool:
         return self.evidence([cell_id]).get(cell_id, Evidence()).failed > 0
@@ -716,7 +732,7 @@ class Tuner:
 
     # -- the answer -----------------------------------------------------------------------
     def _best_value(self, framework: str) -> float | None:
-        feasible = [t for t in self._feasible(framework) if t.value]
+        feasible = [t for t in self._candidates(framework) if t.value]
         return self._rank(feasible)[0].value if feasible else None
 
     def _fmt_value(self, v: float | None) -> str:
@@ -735,11 +751,13 @@ class Tuner:
         answer = []
         for fw in frameworks_of(self.space):
             d = self.defaults.get(fw)
-            ranked = self._rank(self._feasible(fw))
+            ranked = self._rank(self._candidates(fw))
             best = ranked[0] if ranked else None
             item: dict[str, Any] = {"framework": fw, "default": self._cell_doc(d), "best": self._cell_doc(best),
                                     "changes": [], "comparison": {}, "verdict": "no feasible configuration"}
-            if best and d:
+            if best and d and best.cell_id == d.cell_id:
+                item["verdict"] = DEFAULT_IS_BEST
+            elif best and d:
                 item["changes"] = [f"{k}={as_text(v)}" for k, v in best.params.items()
                                    if as_text(d.params.get(k)) != as_text(v)]
                 b, dv = self.evidence([best.cell_id or ""]), self.evidence([d.cell_id or ""])
@@ -770,17 +788,17 @@ class Tuner:
 
     def trace(self) -> list[dict[str, Any]]:
         """After each trial that ran something or found a feasible value: the runs spent so
-        far and its framework's best feasible value so far."""
+        far and its framework's best feasible value so far (its default cell's first)."""
         out: list[dict[str, Any]] = []
         best: dict[str, float] = {}
         runs = 0
         for t in sorted(self.trials, key=lambda t: t.trial):
             runs += t.runs
             fw = t.framework or ""
-            if t.kind == "search" and t.state == "ok" and t.value is not None:
+            if t.kind in ("search", "default") and t.state == "ok" and t.value is not None:
                 if fw not in best or (t.value > best[fw] if self.larger else t.value < best[fw]):
                     best[fw] = t.value
-            if t.runs or (t.kind == "search" and t.state == "ok"):
+            if t.runs or (t.kind in ("search", "default") and t.state == "ok"):
                 out.append({"trial": t.trial, "runs": runs, "framework": fw, "best": best.get(fw)})
         return out
 
