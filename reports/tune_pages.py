@@ -111,7 +111,7 @@ def tuning_body(t: Mapping[str, Any]) -> tuple[Html, list[tuple[str, str]], dict
     answer = section(
         "answer", "The answer: the best configuration per framework against its default",
         "The default is the matrix with every searched parameter at matrun's default; the best is the "
-        "feasible trial with the best median. The speedup is the ratio of medians with its Hodges–Lehmann "
+        "feasible trial with the best median, or the default itself when no trial beat it. The speedup is the ratio of medians with its Hodges–Lehmann "
         "interval; 'better' needs a two-sided Mann–Whitney p < 0.05, 'within 5 %' an interval inside ±5 %.",
         table(["framework", "default", "best", "changes", "runs D/B", "default", "best", "ratio", "p", "acc D",
                "acc B", "verdict"], rows) if rows else tag("p", "No answer yet."))
