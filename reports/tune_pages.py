@@ -107,14 +107,17 @@ def tuning_body(t: Mapping[str, Any]) -> tuple[Html, list[tuple[str, str]], dict
         rows.append([a["framework"], f"{d.get('label', '-')} ({d.get('cell_id') or '-'})",
                      f"{b.get('label', '-')} ({b.get('cell_id') or '-'})", ", ".join(a.get("changes") or []) or "-",
                      f"{d.get('runs', 0)}/{b.get('runs', 0)}", _num(d.get("median")), _num(b.get("median")), ratio,
-                     _num(c.get("p_value"), 3), _pct(d.get("accuracy")), _pct(b.get("accuracy")), a.get("verdict")])
+                     _num(c.get("p_value"), 3), _pct(d.get("accuracy")), _pct(b.get("accuracy")), a.get("verdict"),
+                     "; ".join(a.get("noise") or []) or "-"])
     answer = section(
         "answer", "The answer: the best configuration per framework against its default",
         "The default is the matrix with every searched parameter at matrun's default; the best is the "
-        "feasible trial with the best median, or the default itself when no trial beat it. The speedup is the ratio of medians with its Hodges–Lehmann "
-        "interval; 'better' needs a two-sided Mann–Whitney p < 0.05, 'within 5 %' an interval inside ±5 %.",
+        "feasible trial with the best median, or the default itself when no trial beat it. The speedup is the "
+        "ratio of medians with its Hodges–Lehmann interval; 'better' needs a two-sided Mann–Whitney p < 0.05, "
+        "'within 5 %' an interval inside ±5 %. Noise: a side whose runs vary by more than 5 % (CV), or fall "
+        "into two modes.",
         table(["framework", "default", "best", "changes", "runs D/B", "default", "best", "ratio", "p", "acc D",
-               "acc B", "verdict"], rows) if rows else tag("p", "No answer yet."))
+               "acc B", "verdict", "noise"], rows) if rows else tag("p", "No answer yet."))
     counts = s.get("trials") or {}
     stats = tag("p", f"{s.get('runs', 0)} runs spent over {len(t.get('trials') or [])} trials "
                      f"({counts.get('ok', 0)} ok, {counts.get('infeasible', 0)} infeasible, {counts.get('failed', 0)} "

@@ -9,6 +9,7 @@ warehouse's tuning tables, the report page, a resume after kill -9, and the bad 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -433,3 +434,32 @@ def test_when_no_searched_configuration_beats_the_default_the_default_is_the_ans
     out = Landscape(runner_ids())  # and where a searched cell is faster, it is the answer, as before
     s = tuner(space_file, out, Memory(), budget_runs=40).run()
     assert all(a["best"]["cell_id"] != a["default"]["cell_id"] and a["changes"] for a in s["answer"])
+
+
+class TwoModes(Landscape):
+    """The landscape, but every cell's third and fourth runs land in a slow mode at half the speed."""
+
+    def value(self, v: Mapping[str, Any], repeat: int) -> tuple[float, float]:
+        thr, acc = super().value(v, repeat)
+        return (thr * 0.5 if repeat in (2, 3) else thr), acc
+
+
+def test_the_answer_notes_a_side_whose_runs_fall_into_two_modes_and_none_for_quiet_runs(space_file: Path) -> None:
+    s = tuner(space_file, TwoModes(runner_ids()), Memory(), budget_runs=40).run()
+    for a in s["answer"]:
+        assert a["default"]["runs"] >= 4 and a["best"]["runs"] >= 4
+        assert len(a["noise"]) == 2, a["noise"]
+        assert a["noise"][0].startswith("the default's 4 runs fall into two modes (")
+        assert a["noise"][1].startswith("the best's 4 runs fall into two modes (") and "CV " in a["noise"][1]
+    quiet = tuner(space_file, Landscape(runner_ids()), Memory(), budget_runs=40).run()
+    assert all(a["noise"] == [] for a in quiet["answer"])  # a spread of 0.4 %: nothing to note
+    # what the terminal shows: a note line per noisy side under the table
+    from matrun.runner.cli import tune as cli_tune
+    printed = io.StringIO()
+    cli_tune.out.file = printed
+    try:
+        cli_tune._print("t" * 16, s)
+    finally:
+        cli_tune.out.file = None  # the console's default again: sys.stdout when it writes
+    lines = [ln for ln in printed.getvalue().splitlines() if ln.startswith("note (")]
+    assert len(lines) == 4 and lines[0].startswith("note (torch): the default's 4 runs fall into two modes (")

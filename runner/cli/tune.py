@@ -248,6 +248,9 @@ def _print(tid: str, s: dict[str, Any]) -> None:
                       fmt_ratio_ci(c.get("ratio"), c.get("ratio_low"), c.get("ratio_high"), 0.95) if c else "-",
                       fmt_p(c.get("p_value")) if c else "-", acc, a["verdict"])
     out.print(table)
+    for a in s["answer"]:
+        for note in a.get("noise") or []:
+            out.print(f"note ({a['framework']}): {note}", markup=False, soft_wrap=True)
     for fw, imp in s["importance"].items():
         out.print(f"importance ({fw}): " + ", ".join(f"{k} {v:.2f}" for k, v in imp.items()), markup=False)
     t = s["trials"]

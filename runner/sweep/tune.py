@@ -50,10 +50,14 @@ from matrun.runner.planning.matrix import (
 )
 from matrun.runner.planning.params import PARAMS, as_text
 from matrun.runner.sweep.bisect import comparison
+from matrun.warehouse.modes import two_modes
 
 SAMPLERS = ("tpe", "optuna", "random")
 #: The verdict when no searched configuration beat the default cell itself
 DEFAULT_IS_BEST = "the default is the best configuration found"
+#: A side whose runs' coefficient of variation is above this is noisy (the views'
+#: ``throughput_noisy``, advise's note)
+NOISY_CV = 0.05
 #: objective -> (larger is better, unit)
 OBJECTIVES: dict[str, tuple[bool, str]] = {"throughput": (True, "img/s"), "train_s": (False, "s"),
                                            "j_per_image": (False, "J/img")}
@@ -754,7 +758,8 @@ class Tuner:
             ranked = self._rank(self._candidates(fw))
             best = ranked[0] if ranked else None
             item: dict[str, Any] = {"framework": fw, "default": self._cell_doc(d), "best": self._cell_doc(best),
-                                    "changes": [], "comparison": {}, "verdict": "no feasible configuration"}
+                                    "changes": [], "comparison": {}, "verdict": "no feasible configuration",
+                                    "noise": self._noise(d, best)}
             if best and d and best.cell_id == d.cell_id:
                 item["verdict"] = DEFAULT_IS_BEST
             elif best and d:
@@ -778,6 +783,26 @@ class Tuner:
                            for s in ("ok", "infeasible", "failed", "refused")},
                 "stopped_because": self.stop_reason, "answer": answer, "importance": self.importance(),
                 "trace": self.trace()}
+
+    def _noise(self, default: Trial | None, best: Trial | None) -> list[str]:
+        """Notes on the answer's sides whose runs spread widely (a coefficient of variation
+        over ``NOISY_CV``, as advise notes it), and whose runs fall into two modes
+        (warehouse/modes.py: a process's slow mode on a noisy host)."""
+        notes = []
+        sides = [("default", default)] + ([("best", best)] if best is not None and best is not default
+                                          and (default is None or best.cell_id != default.cell_id) else [])
+        for side, t in sides:
+            vals = self.evidence([t.cell_id]).get(t.cell_id, Evidence()).values if t and t.cell_id else []
+            if len(vals) < 2 or not statistics.fmean(vals):
+                continue
+            cv = statistics.stdev(vals) / abs(statistics.fmean(vals))
+            modes = two_modes(vals)
+            if modes is not None and modes.bimodal:
+                notes.append(f"the {side}'s {len(vals)} runs fall into two modes ({self._fmt_value(modes.low_median)} "
+                             f"and {self._fmt_value(modes.high_median)}; CV {cv:.1%})")
+            elif cv > NOISY_CV:
+                notes.append(f"the {side}'s runs are noisy (CV {cv:.1%} over {len(vals)} runs)")
+        return notes
 
     def _cell_doc(self, t: Trial | None) -> dict[str, Any] | None:
         if t is None:
