@@ -15,9 +15,8 @@ from matrun.reports.pages import Html, download_link, esc, join, table, tag
 from matrun.reports.shape import InForce, mismatch_list
 from matrun.warehouse.bundles.layout import STATUSES
 from matrun.warehouse.compare import fmt_p, fmt_ratio_ci
+from matrun.warehouse.modes import NOISY_CV  # a throughput CV above it marks the cell noisy
 
-# A throughput coefficient of variation above this marks the cell as noisy.
-NOISY_CV = 0.05
 _FAILED = frozenset(STATUSES) - {"ok"}  # every way a run can end but ok
 
 

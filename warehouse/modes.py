@@ -22,6 +22,9 @@ GAP_OVER_SPREAD = 3.0
 GAP_OVER_MEDIAN = 0.10
 #: Fewer values than this get no verdict (two per mode at least).
 MIN_VALUES = 4
+#: Repeats whose coefficient of variation is above this are noisy (the views' ``cv > 0.05``:
+#: ``throughput_noisy``, compare's and advise's notes; the report's flags; tune's notes).
+NOISY_CV = 0.05
 
 
 @dataclass(frozen=True)

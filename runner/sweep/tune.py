@@ -50,14 +50,11 @@ from matrun.runner.planning.matrix import (
 )
 from matrun.runner.planning.params import PARAMS, as_text
 from matrun.runner.sweep.bisect import comparison
-from matrun.warehouse.modes import two_modes
+from matrun.warehouse.modes import NOISY_CV, two_modes
 
 SAMPLERS = ("tpe", "optuna", "random")
 #: The verdict when no searched configuration beat the default cell itself
 DEFAULT_IS_BEST = "the default is the best configuration found"
-#: A side whose runs' coefficient of variation is above this is noisy (the views'
-#: ``throughput_noisy``, advise's note)
-NOISY_CV = 0.05
 #: objective -> (larger is better, unit)
 OBJECTIVES: dict[str, tuple[bool, str]] = {"throughput": (True, "img/s"), "train_s": (False, "s"),
                                            "j_per_image": (False, "J/img")}
@@ -678,7 +675,7 @@ class Tuner:
                     others = [t for t in ranked[1:] if t.cell_id != self.defaults[fw].cell_id]  # it has its runs
                     group = ([t for i, t in enumerate(others[:MAX_CONTENDERS], 1)
                               if i < RUNNERS_UP + 1 or self._close(leader, t)] if contenders
-                             else list({id(t): t for t in (self.defaults[fw], leader)}.values()))
+                             else list({t.cell_id: t for t in (self.defaults[fw], leader)}.values()))
                     need += [t for t in group if t.cell_id and t.state in ("ok", "infeasible")
                              and t.cell_id not in stuck
                              and self._runs(t.cell_id) < CONFIRM_RUNS and not self._failed(t.cell_id)]
@@ -758,15 +755,14 @@ class Tuner:
             ranked = self._rank(self._candidates(fw))
             best = ranked[0] if ranked else None
             item: dict[str, Any] = {"framework": fw, "default": self._cell_doc(d), "best": self._cell_doc(best),
-                                    "changes": [], "comparison": {}, "verdict": "no feasible configuration",
-                                    "noise": self._noise(d, best)}
+                                    "changes": [], "comparison": {}, "verdict": "no feasible configuration"}
+            item["noise"] = self._noise(item)
             if best and d and best.cell_id == d.cell_id:
                 item["verdict"] = DEFAULT_IS_BEST
             elif best and d:
                 item["changes"] = [f"{k}={as_text(v)}" for k, v in best.params.items()
                                    if as_text(d.params.get(k)) != as_text(v)]
-                b, dv = self.evidence([best.cell_id or ""]), self.evidence([d.cell_id or ""])
-                bv, dvv = b.get(best.cell_id or "", Evidence()).values, dv.get(d.cell_id or "", Evidence()).values
+                bv, dvv = item["best"]["values"], item["default"]["values"]  # the cell documents' runs
                 if bv and dvv:
                     c = comparison(bv, dvv, self.larger)
                     item["comparison"] = {k: c[k] for k in ("ratio", "ratio_low", "ratio_high", "p_value")}
@@ -784,15 +780,15 @@ class Tuner:
                 "stopped_because": self.stop_reason, "answer": answer, "importance": self.importance(),
                 "trace": self.trace()}
 
-    def _noise(self, default: Trial | None, best: Trial | None) -> list[str]:
-        """Notes on the answer's sides whose runs spread widely (a coefficient of variation
-        over ``NOISY_CV``, as advise notes it), and whose runs fall into two modes
-        (warehouse/modes.py: a process's slow mode on a noisy host)."""
+    def _noise(self, item: Mapping[str, Any]) -> list[str]:
+        """Notes on the answer's sides (its cell documents) whose runs spread widely (a
+        coefficient of variation over ``NOISY_CV``, as advise notes it), or fall into two modes
+        (warehouse/modes.py: a process's slow mode on a noisy host); the best once, when it is
+        the default."""
         notes = []
-        sides = [("default", default)] + ([("best", best)] if best is not None and best is not default
-                                          and (default is None or best.cell_id != default.cell_id) else [])
-        for side, t in sides:
-            vals = self.evidence([t.cell_id]).get(t.cell_id, Evidence()).values if t and t.cell_id else []
+        d, b = item["default"], item["best"]
+        for side, doc in (("default", d), ("best", b if b and (d is None or b["cell_id"] != d["cell_id"]) else None)):
+            vals = doc["values"] if doc else []
             if len(vals) < 2 or not statistics.fmean(vals):
                 continue
             cv = statistics.stdev(vals) / abs(statistics.fmean(vals))
